@@ -1,0 +1,1 @@
+"""Models, benchmark data sets and loaders used by ppl_sgmcmc examples and experiments."""

@@ -1,0 +1,223 @@
+"""The base class of the NumPyro SG-MCMC kernels: state, step, divergence handling, diagnostics.
+
+An algorithm subclass names its update rule (a module of :mod:`ppl_sgmcmc.rules`) and its
+validated hyper-parameters; everything else is here.
+"""
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import random, vmap
+from jax.flatten_util import ravel_pytree
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.infer.mcmc import MCMCKernel
+from numpyro.util import is_prng_key
+
+from ppl_sgmcmc import _checks
+from ppl_sgmcmc.numpyro.handlers import full_data
+from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays
+
+
+class SGMCMCState(NamedTuple):
+    """State of an SG-MCMC chain.
+
+    - **i**: the number of steps taken (warm-up included); the step-size schedule is ``h_i``.
+    - **z**: the latent values in unconstrained space (the kernel's ``sample_field``).
+    - **rule_state**: the update rule's auxiliary state, e.g. ``momentum`` and ``thermostat``
+      (collect them with ``extra_fields=("rule_state.thermostat",)``).
+    - **potential_energy**: the *minibatch estimate* ``Ũ_t`` at the point where the step took its
+      gradient; noisy and scaled to the full data, not the exact potential ``U``.
+    - **step_size**: the step size ``h_i`` this step used.
+    - **diverging**: whether this step's gradient or new state was non-finite; the step was then
+      rejected and the chain kept its last finite state.
+    - **num_diverging**: the number of rejected steps so far.
+    - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.numpyro.minibatch`).
+    - **rng_key**: the random key for the next step.
+    """
+
+    i: jax.Array
+    z: dict
+    rule_state: NamedTuple
+    potential_energy: jax.Array
+    step_size: jax.Array
+    diverging: jax.Array
+    num_diverging: jax.Array
+    batch_state: NamedTuple
+    rng_key: jax.Array
+
+
+def _all_finite(tree):
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+class SGMCMCKernel(MCMCKernel):
+    """Base class: an SG-MCMC algorithm as a :class:`numpyro.infer.MCMCKernel`.
+
+    Each call of :meth:`sample` draws a fresh minibatch for every subsampled plate of the model and
+    applies the subclass's update rule once, with one stochastic gradient ``∇Ũ_t``. Warm-up steps are
+    burn-in: they are discarded and nothing adapts (the step-size schedule runs on through them).
+
+    :param model: a NumPyro model; its plates with ``subsample_size`` set are subsampled.
+    :param potential_fn: instead of a model, an energy ``potential_fn(z)``, or ``potential_fn(z, rng_key)``
+        returning a stochastic estimate; needs ``init_params`` in :meth:`MCMC.run`.
+    :param step_size: ``h``: a positive float, or a schedule ``t -> h_t`` (see :mod:`ppl_sgmcmc.schedules`).
+    :param temperature: ``τ``; the target is ``exp(-U/τ)``.
+    :param replace: draw minibatch indices with replacement (default), or reshuffle each epoch.
+    :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
+    """
+
+    sample_field = "z"
+    rule = None  # a module of ppl_sgmcmc.rules, set by subclasses
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        *,
+        step_size,
+        temperature=1.0,
+        replace=True,
+        init_strategy=init_to_uniform,
+    ):
+        name = type(self).__name__
+        if (model is None) == (potential_fn is None):
+            raise ValueError(f"{name}: give exactly one of `model` and `potential_fn`.")
+        for arg, fn in (("model", model), ("potential_fn", potential_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name}: `{arg}` must be callable, got {type(fn).__name__}.")
+        self._model = model
+        self._potential_fn = potential_fn
+        self._step_size = _checks.step_size(step_size, name)
+        self._temperature = _checks.positive("temperature", temperature, name)
+        self._replace = bool(replace)
+        self._init_strategy = init_strategy
+        self._target = None
+        self._sample_fn = None
+
+    # --- what subclasses provide -------------------------------------------------------------
+    def hyperparameters(self):
+        """The rule's keyword arguments besides ``step_size`` (``temperature`` included)."""
+        return {"temperature": self._temperature}
+
+    # --- numpyro.infer.MCMCKernel ------------------------------------------------------------
+    @property
+    def model(self):
+        """The model on its full data (see :class:`~ppl_sgmcmc.numpyro.handlers.full_data`): what ArviZ,
+        ``Predictive`` and deterministic sites should see. The subsampled model is :attr:`subsampled_model`."""
+        return None if self._model is None else full_data(self._model)
+
+    @property
+    def subsampled_model(self):
+        """The model as declared, with its subsampled plates."""
+        return self._model
+
+    @property
+    def default_fields(self):
+        return ("z", "diverging")
+
+    def get_diagnostics_str(self, state):
+        return f"Ũ_t {float(state.potential_energy):.4g}, h {float(state.step_size):.2e}, div {int(state.num_diverging)}"
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        if self._target is None:
+            return lambda z: z
+        return self._target.postprocess_fn(as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {}))
+
+    def get_constrain_fn(self, model_args, model_kwargs):
+        return self.postprocess_fn(model_args, model_kwargs)
+
+    def step_size_at(self, i):
+        """The step size ``h_i`` of step ``i``."""
+        return self._step_size(i) if callable(self._step_size) else jnp.asarray(self._step_size)
+
+    def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        name = type(self).__name__
+        model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
+        vectorized = not is_prng_key(rng_key)
+        if vectorized:
+            rng_key, key_init = jnp.swapaxes(vmap(random.split)(rng_key), 0, 1)
+        else:
+            rng_key, key_init = random.split(rng_key)
+        if self._model is not None:
+            self._target = ModelTarget(
+                self._model,
+                model_args,
+                model_kwargs,
+                key_init if not vectorized else key_init[0],
+                self._replace,
+                name,
+            )
+        else:
+            self._target = PotentialTarget(self._potential_fn, name)
+        if init_params is None:
+            init_params = self._target.initial_params(key_init, self._init_strategy, model_args, model_kwargs)
+        self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params)[1]
+        init_one = partial(self._init_state, model_args=model_args, model_kwargs=model_kwargs)
+        try:
+            state = jax.jit(vmap(init_one) if vectorized else init_one)(init_params, rng_key)
+        except jax.errors.TracerArrayConversionError as err:
+            raise TypeError(
+                f"{name}: the model indexes a NumPy array with the kernel's traced minibatch indices. Pass data "
+                "as model arguments, or convert global arrays with `jax.numpy.asarray` before running."
+            ) from err
+        self._sample_fn = vmap(self._sample_one, in_axes=(0, None, None)) if vectorized else self._sample_one
+        return state
+
+    def sample(self, state, model_args, model_kwargs):
+        if self._sample_fn is None:
+            raise RuntimeError(f"{type(self).__name__}: call `init` before `sample`.")
+        return self._sample_fn(state, as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {}))
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_sample_fn"] = None
+        return state
+
+    # --- the chain ---------------------------------------------------------------------------
+    def _init_state(self, init_params, rng_key, model_args, model_kwargs):
+        key_batch, key_noise, key_draw, rng_key = random.split(rng_key, 4)
+        flat, _ = ravel_pytree(init_params)
+        batch_state = self._target.init_batch(key_batch)
+        batch, batch_state = self._target.draw(key_draw, batch_state)
+        gradient = self._target.gradient(flat, self._unravel, batch, model_args, model_kwargs)
+        rule_state = self.rule.init(flat, random.normal(key_noise, flat.shape, flat.dtype), **self.hyperparameters())
+        return SGMCMCState(
+            i=jnp.zeros((), jnp.int32),
+            z=init_params,
+            rule_state=rule_state,
+            potential_energy=gradient.energy,
+            step_size=self.step_size_at(0),
+            diverging=jnp.zeros((), bool),
+            num_diverging=jnp.zeros((), jnp.int32),
+            batch_state=batch_state,
+            rng_key=rng_key,
+        )
+
+    def _sample_one(self, state, model_args, model_kwargs):
+        rng_key, key_draw, key_noise = random.split(state.rng_key, 3)
+        batch, batch_state = self._target.draw(key_draw, state.batch_state)
+        flat, _ = ravel_pytree(state.z)
+        step_size = self.step_size_at(state.i)
+        new_flat, rule_state, gradient = self.rule.step(
+            flat,
+            state.rule_state,
+            lambda x: self._target.gradient(x, self._unravel, batch, model_args, model_kwargs),
+            random.normal(key_noise, flat.shape, flat.dtype),
+            step_size,
+            **self.hyperparameters(),
+        )
+        finite = jnp.isfinite(gradient.energy) & _all_finite((gradient.grad, new_flat, rule_state))
+        keep = partial(jnp.where, finite)
+        return SGMCMCState(
+            i=state.i + 1,
+            z=self._unravel(keep(new_flat, flat)),
+            rule_state=jax.tree.map(keep, rule_state, state.rule_state),
+            potential_energy=keep(gradient.energy, state.potential_energy),
+            step_size=jnp.asarray(step_size, flat.dtype),
+            diverging=~finite,
+            num_diverging=state.num_diverging + (~finite).astype(jnp.int32),
+            batch_state=batch_state,
+            rng_key=rng_key,
+        )

@@ -1,0 +1,40 @@
+"""Pure SG-MCMC update rules, shared by the NumPyro and the Pyro backend.
+
+Every algorithm is a module with two functions over flat parameter vectors:
+
+``init(position, noise, **hyper) -> state``
+    The auxiliary state of the chain (momentum, thermostat, preconditioner).
+
+``step(position, state, grad_fn, noise, step_size, **hyper) -> (position, state, gradient)``
+    One move of the chain. ``grad_fn(x)`` returns a :class:`StochasticGradient` of the
+    minibatch potential ``Ũ_t`` at ``x`` and is called exactly once; ``noise`` is a standard
+    normal draw of the shape of ``position``; ``step_size`` is the scalar ``h_t``.
+
+The rules hold no PPL code, no random-number generation and no data-dependent Python control
+flow: they use arithmetic and the array-API namespace of their inputs only, so the same lines
+run on ``jax.numpy`` and ``torch`` arrays. The equations are those of ``ALGORITHMS.md``; each
+module's docstring restates its rule and cites its paper.
+"""
+
+from typing import NamedTuple
+
+from array_api_compat import array_namespace
+
+from ppl_sgmcmc.rules import psgld, sghmc, sgld, sgnht
+
+
+class StochasticGradient(NamedTuple):
+    """What ``grad_fn`` returns at a point ``x``.
+
+    ``energy``: the minibatch potential ``Ũ_t(x)`` (a noisy, unbiased estimate of ``U(x)``).
+    ``grad``: ``∇Ũ_t(x)``.
+    ``score``: the mean per-datum log-likelihood gradient ``ḡ_t = (1/n) Σ_{i∈S_t} ∇ log p(x_i|x)``
+    (used by preconditioned rules; equal to ``-grad`` for targets without data).
+    """
+
+    energy: object
+    grad: object
+    score: object
+
+
+__all__ = ["StochasticGradient", "array_namespace", "psgld", "sghmc", "sgld", "sgnht"]

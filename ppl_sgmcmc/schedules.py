@@ -1,0 +1,37 @@
+"""Step-size schedules: plain callables of the step index ``t`` (0-based, warm-up included).
+
+Any callable ``t -> h_t`` works as a kernel's ``step_size``, so optax's schedules
+(``optax.exponential_decay``, ``optax.cosine_decay_schedule``, ...) can be passed unchanged;
+the three below are the ones the SG-MCMC literature uses.
+"""
+
+import math
+
+import jax.numpy as jnp
+import optax
+
+__all__ = ["constant", "cyclical", "polynomial"]
+
+
+def constant(step_size):
+    """``h_t = h`` (optax's :func:`optax.constant_schedule`)."""
+    return optax.constant_schedule(step_size)
+
+
+def polynomial(a, b, gamma):
+    """``h_t = a (b + t)^(-γ)`` (Welling & Teh 2011), with ``γ ∈ (0.5, 1]`` for consistency of SGLD;
+    the optimal decay is ``t^(-1/(K+1))`` for a ``K``-th order integrator (Chen et al. 2015)."""
+    if not b > 0:
+        raise ValueError(f"polynomial schedule: `b` must be positive so that h_0 is finite, got {b}.")
+    if not gamma >= 0:
+        raise ValueError(f"polynomial schedule: the decay exponent `gamma` must be non-negative, got {gamma}.")
+    return lambda t: a * (b + t) ** (-gamma)
+
+
+def cyclical(step_size, num_steps, num_cycles):
+    """Cosine cyclical schedule of Zhang et al. (ICLR 2020), restarting ``num_cycles`` times in
+    ``num_steps``: ``h_t = h/2 · (cos(π mod(t, L) / L) + 1)`` with ``L = ceil(num_steps / num_cycles)``."""
+    if not (isinstance(num_cycles, int) and 0 < num_cycles <= num_steps):
+        raise ValueError(f"cyclical schedule: need 0 < num_cycles <= num_steps, got {num_cycles} and {num_steps}.")
+    cycle_length = math.ceil(num_steps / num_cycles)
+    return lambda t: step_size / 2 * (jnp.cos(jnp.pi * (t % cycle_length) / cycle_length) + 1)
