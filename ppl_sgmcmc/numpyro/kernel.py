@@ -17,7 +17,7 @@ from numpyro.util import is_prng_key
 
 from ppl_sgmcmc import _checks
 from ppl_sgmcmc.numpyro.handlers import full_data
-from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays
+from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors
 
 
 class SGMCMCState(NamedTuple):
@@ -155,13 +155,8 @@ class SGMCMCKernel(MCMCKernel):
             init_params = self._target.initial_params(key_init, self._init_strategy, model_args, model_kwargs)
         self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params)[1]
         init_one = partial(self._init_state, model_args=model_args, model_kwargs=model_kwargs)
-        try:
+        with model_errors(name, "computing the first stochastic gradient"):
             state = jax.jit(vmap(init_one) if vectorized else init_one)(init_params, rng_key)
-        except jax.errors.TracerArrayConversionError as err:
-            raise TypeError(
-                f"{name}: the model indexes a NumPy array with the kernel's traced minibatch indices. Pass data "
-                "as model arguments, or convert global arrays with `jax.numpy.asarray` before running."
-            ) from err
         self._sample_fn = vmap(self._sample_one, in_axes=(0, None, None)) if vectorized else self._sample_one
         return state
 

@@ -135,6 +135,9 @@ class PSGLD(SGMCMCKernel):
     ``ḡ_t`` is the mean per-datum log-likelihood gradient of the minibatch. The ``Γ(θ)`` term is
     dropped, as in the paper.
 
+    A latent that the likelihood does not inform (its mean score is 0) gets ``G = 1/λ``: choose
+    ``step_size`` with ``h/λ`` in mind, or raise ``eps``, for models with such latents.
+
     :param step_size: ``h``, a float or a schedule.
     :param alpha: the RMSprop decay ``α ∈ (0, 1)`` (default 0.99).
     :param eps: the regulariser ``λ > 0`` (default 1e-5).

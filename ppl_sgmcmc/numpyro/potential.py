@@ -16,6 +16,7 @@ Two kinds of target share one interface, used by :class:`~ppl_sgmcmc.numpyro.ker
 
 import inspect
 import warnings
+from contextlib import contextmanager
 from functools import partial
 
 import jax
@@ -37,6 +38,23 @@ def as_jax_arrays(tree):
     return jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, tree)
 
 
+@contextmanager
+def model_errors(kernel_name, doing):
+    """Re-raise the errors a model commonly hits under a kernel with what is wrong and how to fix it."""
+    try:
+        yield
+    except jax.errors.TracerArrayConversionError as err:
+        raise TypeError(
+            f"{kernel_name}: {doing}: the model indexes a NumPy array with traced minibatch indices. Pass the "
+            "data as model arguments (the kernel converts them), or wrap global arrays in `jax.numpy.asarray`."
+        ) from err
+    except (ValueError, TypeError, IndexError) as err:
+        raise ValueError(
+            f"{kernel_name}: {doing} failed: {err}\nCheck that every array subsampled inside a plate has the "
+            "plate's size along the plate's dimension, and that the model runs on its data without the kernel."
+        ) from err
+
+
 class ModelTarget:
     """The subsampled potential of a NumPyro model (see the module docstring)."""
 
@@ -44,7 +62,8 @@ class ModelTarget:
         self.model = model
         self.replace = replace
         self.kernel_name = kernel_name
-        model_trace = trace(seed(model, rng_key)).get_trace(*model_args, **model_kwargs)
+        with model_errors(kernel_name, "tracing the model"):
+            model_trace = trace(seed(model, rng_key)).get_trace(*model_args, **model_kwargs)
         self.plate_sizes = subsample_plate_sizes(model_trace)
         self.data_sites = frozenset(
             name
@@ -88,14 +107,9 @@ class ModelTarget:
             tr = trace(seed(full_data(self.model), 0)).get_trace(*model_args, **model_kwargs)
             return {name: site["fn"].log_prob(site["value"]) for name, site in tr.items() if name in self.data_sites}
 
-        try:
+        plates = ", ".join(f"{name!r} of size {size}" for name, (size, _) in self.plate_sizes.items())
+        with model_errors(self.kernel_name, f"running the model on its full data (plates {plates})"):
             jax.eval_shape(run)
-        except (ValueError, TypeError, IndexError) as err:
-            plates = ", ".join(f"{name!r} of size {size}" for name, (size, _) in self.plate_sizes.items())
-            raise ValueError(
-                f"{self.kernel_name}: the model does not run on its full data (plates {plates}): {err}. Check that "
-                "every array subsampled inside a plate has the plate's size along the plate's dimension."
-            ) from err
 
     def initial_params(self, rng_key, init_strategy, model_args, model_kwargs):
         """Valid unconstrained initial values (a batch of them for a batch of keys)."""

@@ -1,0 +1,128 @@
+"""The kernels under numpyro's MCMC driver: chains, thinning, extra fields, resuming, reproducibility."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpyro.infer import MCMC
+
+from ppl_sgmcmc.numpyro import PSGLD, SGHMC, SGLD, SGNHT
+from tests.numpyro.conftest import logistic_model
+
+KERNELS = [
+    lambda: SGLD(logistic_model, step_size=1e-3),
+    lambda: SGHMC(logistic_model, step_size=1e-2, integrator="euler"),
+    lambda: SGNHT(logistic_model, step_size=1e-2, thermostat="scalar"),
+    lambda: PSGLD(logistic_model, step_size=1e-5, replace=False),
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_parallel_device_warning():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "There are not enough devices", UserWarning)
+        yield
+
+
+def run(kernel, data, key=0, **kwargs):
+    options = dict(num_warmup=20, num_samples=30, progress_bar=False)
+    options.update(kwargs)
+    extra_fields = options.pop("extra_fields", ())
+    mcmc = MCMC(kernel, **options)
+    mcmc.run(jax.random.PRNGKey(key), *data, extra_fields=extra_fields)
+    return mcmc
+
+
+@pytest.mark.parametrize("make_kernel", KERNELS)
+def test_samples_shapes_and_constraints(make_kernel, logistic_data):
+    mcmc = run(make_kernel(), logistic_data, extra_fields=("potential_energy", "i", "step_size"))
+    samples = mcmc.get_samples()
+    assert samples["w"].shape == (30, 2) and samples["scale"].shape == (30,)
+    assert jnp.all(samples["scale"] > 0)  # constrained back from unconstrained space
+    np.testing.assert_allclose(samples["scaled_w"], samples["scale"][:, None] * samples["w"], rtol=1e-5)
+    extra = mcmc.get_extra_fields()
+    np.testing.assert_array_equal(extra["i"], np.arange(21, 51))
+    assert jnp.all(jnp.isfinite(extra["potential_energy"])) and not extra["diverging"].any()
+
+
+def run_chains(chain_method, data):
+    return run(SGNHT(logistic_model, step_size=1e-2), data, num_chains=2, chain_method=chain_method, thinning=3,
+               extra_fields=("rule_state.thermostat",))
+
+
+@pytest.fixture(scope="module")
+def sequential_chains(logistic_data):
+    return run_chains("sequential", logistic_data)
+
+
+def test_sequential_chains(sequential_chains):
+    samples = sequential_chains.get_samples(group_by_chain=True)
+    assert samples["w"].shape == (2, 10, 2)
+    assert sequential_chains.get_extra_fields(group_by_chain=True)["rule_state.thermostat"].shape == (2, 10, 3)
+    assert not np.allclose(samples["w"][0], samples["w"][1])  # two different chains
+
+
+@pytest.mark.parametrize("chain_method", ["vectorized", "parallel"])
+def test_chain_methods_agree(chain_method, logistic_data, sequential_chains):
+    samples = run_chains(chain_method, logistic_data).get_samples(group_by_chain=True)
+    reference = sequential_chains.get_samples(group_by_chain=True)
+    np.testing.assert_allclose(samples["w"], reference["w"], rtol=1e-4, atol=1e-5)
+
+
+def test_thinning_keeps_every_kth_step(logistic_data):
+    full = run(SGLD(logistic_model, step_size=1e-3), logistic_data, extra_fields=("i",))
+    thin = run(SGLD(logistic_model, step_size=1e-3), logistic_data, thinning=5, extra_fields=("i",))
+    np.testing.assert_array_equal(thin.get_extra_fields()["i"], full.get_extra_fields()["i"][4::5])
+    np.testing.assert_allclose(thin.get_samples()["w"], full.get_samples()["w"][4::5], rtol=1e-6)
+
+
+@pytest.mark.parametrize("make_kernel", KERNELS[::3])
+def test_same_seed_same_samples(make_kernel, logistic_data):
+    a = run(make_kernel(), logistic_data, key=3).get_samples()["w"]
+    b = run(make_kernel(), logistic_data, key=3).get_samples()["w"]
+    c = run(make_kernel(), logistic_data, key=4).get_samples()["w"]
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+
+
+def test_resume_continues_the_same_chain(logistic_data):
+    """Two runs of 30 steps, the second resumed from the first's last state, equal one run of 60."""
+    kernel = lambda: SGNHT(logistic_model, step_size=1e-2, replace=False)  # noqa: E731
+    whole = run(kernel(), logistic_data, num_warmup=0, num_samples=60, extra_fields=("i",))
+    first = run(kernel(), logistic_data, num_warmup=0, num_samples=30)
+    first.post_warmup_state = first.last_state
+    first.run(first.last_state.rng_key, *logistic_data, extra_fields=("i",))
+    np.testing.assert_array_equal(first.get_extra_fields()["i"], np.arange(31, 61))
+    np.testing.assert_allclose(first.get_samples()["w"], whole.get_samples()["w"][30:], rtol=1e-5, atol=1e-6)
+
+
+def test_step_size_schedule_is_indexed_by_global_step(logistic_data):
+    from ppl_sgmcmc.schedules import polynomial
+
+    schedule = polynomial(1e-2, 1.0, 0.55)
+    mcmc = run(SGLD(logistic_model, step_size=schedule), logistic_data, extra_fields=("step_size", "i"))
+    extra = mcmc.get_extra_fields()
+    np.testing.assert_allclose(extra["step_size"], schedule(extra["i"] - 1), rtol=1e-6)
+
+
+def test_potential_fn_target_with_stochastic_energy():
+    """A user-written stochastic energy: its gradient is the stochastic gradient."""
+
+    def potential(z, rng_key):
+        return 0.5 * jnp.sum(z["x"] ** 2) + jnp.sum(0.1 * jax.random.normal(rng_key, z["x"].shape) * z["x"])
+
+    mcmc = MCMC(SGLD(potential_fn=potential, step_size=0.05), num_warmup=200, num_samples=4000, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)})
+    x = mcmc.get_samples()["x"]
+    assert x.shape == (4000, 2)
+    assert jnp.all(jnp.abs(x.mean(0)) < 0.25) and jnp.all(jnp.abs(x.std(0) - 1) < 0.15)
+
+
+def test_non_finite_steps_are_rejected_and_counted(logistic_data):
+    mcmc = run(SGLD(logistic_model, step_size=1e3), logistic_data, extra_fields=("num_diverging",))
+    diverging = mcmc.get_extra_fields()["diverging"]
+    assert diverging.any()
+    assert jnp.all(jnp.isfinite(mcmc.get_samples()["w"]))
+    assert int(mcmc.last_state.num_diverging) >= int(diverging.sum())

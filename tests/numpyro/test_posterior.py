@@ -1,0 +1,243 @@
+"""Statistical correctness of the NumPyro kernels on posteriors with a known answer.
+
+1. Conjugate Bayesian linear regression with known noise: every kernel, minibatched, must reproduce
+   the exact Gaussian posterior mean and covariance.
+2. The same regression with an unknown noise scale (a constrained latent) and a deterministic site,
+   compared to NUTS on the full data.
+
+Tolerances are Monte Carlo errors: ``|estimate - target| <= K_SIGMA·MCSE + allowance`` with
+``K_SIGMA = 4.5`` and MCSEs from NumPyro's multi-chain effective sample size (see ``tests/helpers.py``).
+
+The allowance is the systematic bias of the chosen step size, *predicted*, not tuned: on a Gaussian
+target with additive gradient noise every rule here is a linear recursion (the thermostat frozen at
+its equilibrium), whose stationary covariance solves a discrete Lyapunov equation
+(:func:`tests.helpers.predicted_cov_sgld`, ...). It includes the O(h) discretisation bias and the
+extra variance injected by the minibatch gradient noise, ``h²·Cov(∇Ũ)`` per step, which for SGLD
+inflates the variance by about ``(1 + N/n)·hλ/2``: with ``N/n = 20`` that term dominates. The step
+sizes are chosen so that this predicted bias is at most a few per cent of the posterior scale
+(checked by ``assert_small_bias`` at 5%), i.e. a small fraction of the Monte Carlo tolerance (~12-15%
+of the posterior variance at the ESS these runs reach). The stationary *mean* of a linear recursion
+with zero-mean noise is exactly the posterior mean, so means get no allowance.
+
+Problem scale: the noise sd ``σ = 16`` makes the posterior sd O(0.5) (curvature 3-6). Momentum and
+thermostat hyper-parameters then take natural values (friction 2.5, D = 2). The scaling matters for
+the thermostats: ``ξ`` has unit mass and relaxes on a time scale ``~ξ`` (time units, h per step), so on a
+stiff posterior (curvature ~1e3, which wants ξ ~ 30) the thermostat that heats up during the initial
+descent needs ~1e5 steps to cool down.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC, NUTS
+
+from ppl_sgmcmc.numpyro import PSGLD, SGHMC, SGLD, SGNHT
+from tests.helpers import (
+    assert_mc_close,
+    assert_small_bias,
+    conjugate_posterior,
+    cov_and_mcse,
+    ess,
+    linear_regression_data,
+    mean_and_mcse,
+    mean_score_second_moment,
+    minibatch_gradient_cov,
+    predicted_cov_momentum,
+    predicted_cov_sgld,
+    predicted_thermostat,
+    sd_and_mcse,
+)
+
+NUM_DATA, NUM_FEATURES, BATCH = 1000, 3, 50
+NOISE, PRIOR = 16.0, 1.0
+NUM_CHAINS = 8
+MAX_BIAS = 0.05  # the predicted step-size bias may be at most 5% of sqrt(Σ_ii Σ_jj)
+
+X, Y, _ = linear_regression_data(NUM_DATA, NUM_FEATURES, NOISE, seed=0)
+POST_MEAN, POST_COV = conjugate_posterior(X, Y, NOISE, PRIOR)
+PRECISION = np.linalg.inv(POST_COV)
+GRAD_COV = minibatch_gradient_cov(X, Y, POST_MEAN, NOISE, BATCH)
+SCALE = np.sqrt(np.outer(np.diag(POST_COV), np.diag(POST_COV)))
+
+
+def regression(X, y):
+    w = numpyro.sample("w", dist.Normal(0.0, PRIOR).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=BATCH):
+        x = numpyro.subsample(X, event_dim=1)
+        numpyro.sample("y", dist.Normal(x @ w, NOISE), obs=numpyro.subsample(y, event_dim=0))
+
+
+def _psgld_prediction(step_size, eps=1e-5):
+    # RMSprop average V ≈ E[ḡ⊙ḡ] at stationarity (α = 0.99 averages ~200 steps), so G is nearly
+    # constant and pSGLD is SGLD preconditioned by G ≈ 1/(λ + sqrt(E V)) (≈ 115 here).
+    square_avg = mean_score_second_moment(X, Y, POST_MEAN, POST_COV, NOISE, BATCH)
+    return predicted_cov_sgld(PRECISION, GRAD_COV, step_size, preconditioner=1 / (eps + np.sqrt(square_avg)))
+
+
+# (kernel, predicted stationary covariance, num_warmup, num_samples, thinning). Slowest-mode
+# relaxation ~1/(h_eff·λ_min) ≈ 600 steps for SGLD/pSGLD/SGHMC (the gradient-noise bias, ∝ h/friction,
+# caps their speed alike) and ~200 for the thermostats, which absorb the gradient noise's diagonal.
+CASES = {
+    "sgld": (
+        lambda: SGLD(regression, step_size=5e-4),
+        lambda: predicted_cov_sgld(PRECISION, GRAD_COV, 5e-4),
+        10_000,
+        100_000,
+        10,
+    ),
+    "psgld": (
+        lambda: PSGLD(regression, step_size=4e-6),
+        lambda: _psgld_prediction(4e-6),
+        10_000,
+        100_000,
+        10,
+    ),
+    "sghmc-splitting": (
+        lambda: SGHMC(regression, step_size=2e-3, friction=2.5, integrator="splitting"),
+        lambda: predicted_cov_momentum(PRECISION, GRAD_COV, 2e-3, 2.5, 2.5, "splitting"),
+        10_000,
+        100_000,
+        10,
+    ),
+    "sghmc-euler": (
+        lambda: SGHMC(regression, step_size=2e-3, friction=2.5, integrator="euler"),
+        lambda: predicted_cov_momentum(PRECISION, GRAD_COV, 2e-3, 2.5, 2.5, "euler"),
+        10_000,
+        100_000,
+        10,
+    ),
+    "sgnht-multivariate-splitting": (
+        lambda: SGNHT(regression, step_size=5e-3, diffusion=2.0),
+        lambda: predicted_thermostat(PRECISION, GRAD_COV, 5e-3, 2.0, "splitting")[1],
+        5_000,
+        40_000,
+        5,
+    ),
+    "sgnht-multivariate-euler": (
+        lambda: SGNHT(regression, step_size=5e-3, diffusion=2.0, integrator="euler"),
+        lambda: predicted_thermostat(PRECISION, GRAD_COV, 5e-3, 2.0, "euler")[1],
+        5_000,
+        40_000,
+        5,
+    ),
+    "sgnht-scalar-splitting": (
+        lambda: SGNHT(regression, step_size=5e-3, diffusion=2.0, thermostat="scalar"),
+        lambda: predicted_thermostat(PRECISION, GRAD_COV, 5e-3, 2.0, "splitting", multivariate=False)[1],
+        5_000,
+        40_000,
+        5,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_conjugate_linear_regression(case):
+    make_kernel, predict_cov, num_warmup, num_samples, thinning = CASES[case]
+    predicted_bias = predict_cov() - POST_COV
+    assert_small_bias(case, predicted_bias, SCALE, MAX_BIAS)
+
+    mcmc = MCMC(
+        make_kernel(),
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=NUM_CHAINS,
+        chain_method="vectorized",
+        thinning=thinning,
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(1), X, Y)  # initial values: init_to_uniform(-2, 2), ~4 sd away
+    assert not np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["w"])
+    assert draws.shape == (NUM_CHAINS, num_samples // thinning, NUM_FEATURES)
+
+    mean, mean_se = mean_and_mcse(draws)
+    cov, cov_se = cov_and_mcse(draws)
+    upper = np.triu_indices(NUM_FEATURES)
+    print(f"\n{case}: ESS of w {np.round(ess(draws))}")
+    assert_mc_close(f"{case} mean", mean, POST_MEAN, mean_se)
+    assert_mc_close(f"{case} cov", cov[upper], POST_COV[upper], cov_se[upper], allowance=predicted_bias[upper])
+
+
+# --- a constrained latent and a deterministic site, against NUTS on the full data ------------------
+SIGMA_DATA = 0.8
+X2, Y2, _ = linear_regression_data(NUM_DATA, 2, SIGMA_DATA, seed=1)
+BATCH2 = 50
+
+
+def regression_unknown_noise(X, y, subsample_size=BATCH2):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    numpyro.deterministic("log_sigma", jnp.log(sigma))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size):
+        x = numpyro.subsample(X, event_dim=1)
+        mean = numpyro.deterministic("mean", x @ w)
+        numpyro.sample("y", dist.Normal(mean, sigma), obs=numpyro.subsample(y, event_dim=0))
+
+
+def _laplace_sgld_bias(unconstrained_draws, step_size):
+    """Predicted SGLD variance bias on ``(w, log σ)`` from a Gaussian (Laplace-like) approximation:
+    precision from the NUTS covariance, minibatch gradient covariance at the NUTS mean."""
+    mean = unconstrained_draws.mean(0)
+    cov = np.cov(unconstrained_draws.T)
+    w, log_sigma = mean[:-1], mean[-1]
+    residual = (Y2 - X2 @ w).astype(np.float64)
+    sigma2 = np.exp(2 * log_sigma)
+    per_datum = np.concatenate(  # gradients of -log N(y_i | x_i w, σ) in (w, log σ)
+        [-X2 * (residual / sigma2)[:, None], (1 - residual**2 / sigma2)[:, None]], axis=1
+    )
+    grad_cov = NUM_DATA**2 / BATCH2 * np.cov(per_datum.T, bias=True)
+    return np.diag(predicted_cov_sgld(np.linalg.inv(cov), grad_cov, step_size) - cov), np.diag(cov)
+
+
+def test_constrained_latent_and_deterministic_against_nuts():
+    nuts = MCMC(
+        NUTS(regression_unknown_noise),
+        num_warmup=500,
+        num_samples=1000,
+        num_chains=4,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    nuts.run(jax.random.PRNGKey(2), X2, Y2, subsample_size=None)
+    ref = {k: np.asarray(v) for k, v in nuts.get_samples(group_by_chain=True).items()}
+
+    # curvature ≈ N/σ² ≈ 1600 (w) and 2N = 2000 (log σ): SGLD needs h ~ 1e-6 (bias ~(N/n)hλ/2 ≈ 2% of the variance)
+    step_size = 1e-6
+    unconstrained_ref = np.concatenate([ref["w"], np.log(ref["sigma"])[..., None]], axis=-1)
+    var_bias, var_ref = _laplace_sgld_bias(unconstrained_ref.reshape(-1, 3), step_size)
+    assert_small_bias("sgld (w, log σ) variance", var_bias, var_ref, MAX_BIAS)
+
+    num_samples, thinning = 100_000, 100
+    mcmc = MCMC(
+        SGLD(regression_unknown_noise, step_size=step_size),
+        num_warmup=10_000,
+        num_samples=num_samples,
+        num_chains=NUM_CHAINS,
+        chain_method="vectorized",
+        thinning=thinning,
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(3), X2, Y2)
+    assert not np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))
+    samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+
+    # the deterministic sites: present, on the full data, with the right values
+    assert set(samples) == {"w", "sigma", "log_sigma", "mean"}
+    assert samples["sigma"].min() > 0
+    np.testing.assert_allclose(samples["log_sigma"], np.log(samples["sigma"]), rtol=1e-5, atol=1e-6)
+    assert samples["mean"].shape == (NUM_CHAINS, num_samples // thinning, NUM_DATA)
+    np.testing.assert_allclose(samples["mean"], samples["w"] @ X2.T, rtol=1e-4, atol=1e-4)
+
+    for site, allowance_index in (("w", slice(0, 2)), ("sigma", 2)):
+        draws, ref_draws = samples[site], ref[site]
+        mean, mean_se = mean_and_mcse(draws)
+        ref_mean, ref_mean_se = mean_and_mcse(ref_draws)
+        assert_mc_close(f"{site} mean vs NUTS", mean, ref_mean, np.hypot(mean_se, ref_mean_se))
+        sd, sd_se = sd_and_mcse(draws)
+        ref_sd, ref_sd_se = sd_and_mcse(ref_draws)
+        # predicted SGLD sd bias: sd·(sqrt(1 + δvar/var) - 1), the same relative bias for σ as for log σ
+        sd_bias = ref_sd * (np.sqrt(1 + var_bias[allowance_index] / var_ref[allowance_index]) - 1)
+        assert_mc_close(f"{site} sd vs NUTS", sd, ref_sd, np.hypot(sd_se, ref_sd_se), allowance=sd_bias)
