@@ -118,6 +118,19 @@ class SGMCMCKernel(MCMCKernel):
         return ("z", "diverging")
 
     def get_diagnostics_str(self, state):
+        """The progress bar's postfix: ``Ũ_t``, the step size and the number of rejected steps.
+
+        NumPyro asks for it after every step; reading the state forces the host to wait for the device,
+        so the string is refreshed only every ``diagnostics_every`` calls and reused in between."""
+        self._diagnostics_calls = getattr(self, "_diagnostics_calls", -1) + 1
+        if self._diagnostics_calls % self.diagnostics_every == 0:
+            self._diagnostics = self.diagnostics(state)
+        return self._diagnostics
+
+    diagnostics_every = 100
+
+    def diagnostics(self, state):
+        """The diagnostics string of one state (read from the device)."""
         return f"Ũ_t {float(state.potential_energy):.4g}, h {float(state.step_size):.2e}, div {int(state.num_diverging)}"
 
     def postprocess_fn(self, model_args, model_kwargs):

@@ -121,9 +121,8 @@ class SGNHT(SGMCMCKernel):
             integrator=self._integrator,
         )
 
-    def get_diagnostics_str(self, state):
-        thermostat = float(state.rule_state.thermostat.mean())
-        return f"{super().get_diagnostics_str(state)}, ξ̄ {thermostat:.3g}"
+    def diagnostics(self, state):
+        return f"{super().diagnostics(state)}, ξ̄ {float(state.rule_state.thermostat.mean()):.3g}"
 
 
 class PSGLD(SGMCMCKernel):
