@@ -64,6 +64,8 @@ from ppl_sgmcmc.rules import StochasticGradient, psgld, sghmc, sgld, sgnht  # no
 
 BATCH = 100
 PRIOR_VAR = 10.0
+# BlackJAX SGHMC: integration steps per call (its default); its steps/s counts integration steps
+BLACKJAX_SGHMC_STEPS = 10
 
 
 def model(X, y=None):
@@ -181,41 +183,53 @@ def time_mcmc(make_kernel, X, y, num_samples, seed=0, **mcmc_kwargs):
     return elapsed, clock.total, mcmc
 
 
-def steady_rate(make_kernel, X, y, steps, repeats=1, **mcmc_kwargs):
-    """Steady-state steps/s of ``MCMC.run`` from an S-step and a 2S-step run (fresh ``MCMC`` each).
+def fixed_overhead(make_kernel, X, y, repeats=2, **mcmc_kwargs):
+    """The per-run cost of ``MCMC.run`` that is neither compilation nor sampling (model tracing, init,
+    eager set-up): the non-compile time of a 10-step run, best of ``repeats``."""
+    return min(t - c for t, c, _ in (time_mcmc(make_kernel, X, y, 10, **mcmc_kwargs) for _ in range(repeats)))
 
-    ``rate``: ``S / ((t(2S) - c(2S)) - (t(S) - c(S)))`` with ``t`` the wall time of a run and ``c`` the
-    compile time JAX reports for it: the difference cancels the fixed per-run costs (model tracing,
-    init, eager set-up), and subtracting ``c`` removes the recompile's jitter, which on a loaded
-    2-core machine is larger than the sampling time itself. ``rate_raw``: ``S / (t(2S) - t(S))``.
-    With ``repeats > 1`` the S and 2S runs are interleaved and the fastest of each is used."""
+
+def steady_rate(make_kernel, X, y, steps, fixed, rounds=3, between=(), **mcmc_kwargs):
+    """Steady-state steps/s of ``MCMC.run`` (a fresh ``MCMC`` per run; every run recompiles).
+
+    ``rounds`` runs of alternately ``S`` and ``2S`` samples. For each, ``s / (t - c - f)``: ``t`` its
+    wall time, ``c`` the compile time JAX reports for it (trace + lowering + XLA compile, summed from
+    ``jax.monitoring``) and ``f`` the fixed non-compile cost of a run (:func:`fixed_overhead`, ~0.05 s).
+    ``rate`` is the best run (the machine is shared and its speed drifts by up to 2x; see
+    RESULTS.md). ``rate_diff`` is the difference estimate ``S / (min (t - c)(2S) - min (t - c)(S))``,
+    which needs no ``f``. Subtracting ``c`` matters: the recompile's jitter (2-4 s per run here) is
+    larger than the sampling time. ``between``: callables run after every run (baselines timed in
+    the same stretch of time)."""
     runs = {steps: [], 2 * steps: []}
-    for r in range(repeats):
-        for s in (steps, 2 * steps):
-            t, c, mcmc = time_mcmc(make_kernel, X, y, s, seed=r, **mcmc_kwargs)
-            runs[s].append((t, c))
-    t1 = min(t for t, _ in runs[steps])
-    t2 = min(t for t, _ in runs[2 * steps])
-    n1 = min(t - c for t, c in runs[steps])
-    n2 = min(t - c for t, c in runs[2 * steps])
-    rate = steps / (n2 - n1) if n2 > n1 else float("nan")
-    rate_raw = steps / (t2 - t1) if t2 > t1 else float("nan")
+    rate = 0.0
+    for r in range(rounds):
+        s = steps if r % 2 == 0 else 2 * steps
+        t, c, mcmc = time_mcmc(make_kernel, X, y, s, seed=r, **mcmc_kwargs)
+        runs[s].append((t, c))
+        rate = max(rate, s / (t - c - fixed))
+        for fn in between:
+            fn()
+    rate_diff = float("nan")
+    if runs[2 * steps]:
+        diff = min(t - c for t, c in runs[2 * steps]) - min(t - c for t, c in runs[steps])
+        rate_diff = steps / diff if diff > 0 else float("nan")
     e2e, compile_time = min(runs[steps])
     state = mcmc.last_state
     finite = bool(np.all(np.isfinite(np.asarray(jax.tree.leaves(state.z)[0]))))
     ndiv = int(np.sum(np.asarray(state.num_diverging)))
-    return dict(rate=rate, rate_raw=rate_raw, e2e=e2e, compile=compile_time, finite=finite, num_diverging=ndiv)
+    return dict(rate=rate, rate_diff=rate_diff, e2e=e2e, compile=compile_time, finite=finite, num_diverging=ndiv)
 
 
-def best_time(fn, *args, repeats=3):
-    """Compile ``fn`` once, then the fastest of ``repeats`` timed calls."""
-    jax.block_until_ready(fn(*args))
-    times = []
+def best_time(fn, *args, repeats=3, compile=True):
+    """The fastest of ``repeats`` timed calls of ``fn`` (compiled by a first, untimed call)."""
+    if compile:
+        jax.block_until_ready(fn(*args))
+    best = (float("inf"), None)
     for _ in range(repeats):
         start = time.perf_counter()
         out = jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times), out
+        best = min(best, (time.perf_counter() - start, out), key=lambda r: r[0])
+    return best
 
 
 # ----------------------------------------------------------------------------------------------
@@ -287,7 +301,10 @@ def make_blackjax_chain(name, hyper, step_size, X, y, steps):
     if name == "sgld":
         algo = blackjax.sgld(grad_fn)
     elif name == "sghmc":
-        algo = blackjax.sghmc(grad_fn, num_integration_steps=1, alpha=hyper["friction"])
+        # num_integration_steps=1 is degenerate: the step returns the position only, the position move
+        # uses the freshly drawn momentum, so the gradient is dead code (XLA drops it: no dot, no gather)
+        # and the chain is a gradient-free random walk. With K steps per call, K-1 gradients are used.
+        algo = blackjax.sghmc(grad_fn, num_integration_steps=BLACKJAX_SGHMC_STEPS, alpha=hyper["friction"])
     else:
         algo = blackjax.sgnht(grad_fn, alpha=hyper["diffusion"])
 
@@ -304,7 +321,8 @@ def make_blackjax_chain(name, hyper, step_size, X, y, steps):
             position = state.position if name == "sgnht" else state
             return (state, key), position
 
-        _, xs = lax.scan(body, (state, key), None, length=steps)
+        calls = steps // BLACKJAX_SGHMC_STEPS if name == "sghmc" else steps
+        _, xs = lax.scan(body, (state, key), None, length=calls)
         return xs
 
     return chain
@@ -353,6 +371,104 @@ def compare_one_step(spec, X, y):
 
 
 # ----------------------------------------------------------------------------------------------
+def decompose(spec, X, y, steps, repeats):
+    """Steps/s of the kernel's own ``sample`` and of the hand-written step, each in a bare ``lax.scan``
+    (compiled once, best of ``repeats``), with and without storing every position: separates the
+    cost of the kernel's step from that of ``MCMC``'s collection loop."""
+    label, make_kernel, rule, hyper, step_size, *_ = spec
+    kernel = make_kernel()
+    state0 = kernel.init(random.PRNGKey(0), 0, None, (X, y), {})
+    _, one_step = make_scan_chain(rule, hyper, step_size, X, y, steps)
+    x0 = jnp.zeros(X.shape[1])
+    rs0 = rule.init(x0, x0 + 1.0, **hyper)
+
+    def ours(collect):
+        def body(state, _):
+            state = kernel.sample(state, (X, y), {})
+            return state, (state.z["w"] if collect else None)
+
+        return jax.jit(lambda state: lax.scan(body, state, None, length=steps))
+
+    def hand(collect):
+        def body(carry, _):
+            carry = one_step(*carry)
+            return carry, (carry[0] if collect else None)
+
+        return jax.jit(lambda carry: lax.scan(body, carry, None, length=steps))
+
+    fns = {}
+    for collect in (False, True):
+        fns[("ours", collect)] = (ours(collect), state0)
+        fns[("hand", collect)] = (hand(collect), (x0, rs0, random.PRNGKey(0)))
+    return interleaved_rates(fns, steps, repeats)
+
+
+def interleaved_rates(fns, steps, repeats):
+    """``{name: (jitted fn, arg)}`` -> ``{name: steps/s}``: compile all, then time them round-robin,
+    ``repeats`` rounds, and keep each one's fastest call."""
+    best = {}
+    for name, (fn, arg) in fns.items():
+        jax.block_until_ready(fn(arg))
+        best[name] = float("inf")
+    for _ in range(repeats):
+        for name, (fn, arg) in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(arg))
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: steps / t for name, t in best.items()}
+
+
+def jitted_progress_bar_rates(make_kernel, X, y, steps, repeats=2):
+    """A prototype of a fix for the one-chain progress-bar path, not what ``MCMC`` does today.
+
+    Steps/s of a one-chain loop that runs the kernel's ``sample`` and stores ``z`` under one ``jit``,
+    without (``"plain"``) and with (``"bar"``) numpyro's own ``io_callback`` progress bar
+    (``numpyro.util.progress_bar_factory``, the bar ``MCMC`` already uses for parallel chains; it calls
+    back to the host every ``steps // 10`` iterations). Each is compiled once (the trip count is an
+    argument) and timed on ``steps`` and ``2 * steps`` iterations, round-robin, ``repeats`` rounds;
+    the rate is ``steps / (t(2 steps) - t(steps))`` from the fastest calls."""
+    from numpyro.util import progress_bar_factory
+
+    kernel = make_kernel()
+    state0 = kernel.init(random.PRNGKey(0), 0, None, (X, y), {})
+    sink = open(os.devnull, "w")
+
+    def body(i, vals):
+        state, collection = vals
+        state = kernel.sample(state, (X, y), {})
+        return state, collection.at[i].set(state.z["w"])
+
+    with contextlib.redirect_stderr(sink):  # the factory creates the tqdm bar, which writes later
+        # chain id 0 is passed in (numpyro passes -1 and the first callback assigns it, once per
+        # factory); num_samples is left huge so the timed calls never close the bar
+        wrapped = progress_bar_factory(10**9, 1, max(steps // 10, 1))(body)
+
+        def bar(num):
+            return lambda a: lax.fori_loop(0, num, wrapped, ((a[0], a[1]), 0))[0]
+
+        def plain(num):
+            return lambda a: lax.fori_loop(0, num, body, a)
+
+        collection = jnp.zeros((2 * steps, X.shape[1]))
+        fns = {}
+        for name, make in (("plain", plain), ("bar", bar)):
+            # one compile per variant: the trip count is a traced argument
+            loop = jax.jit(lambda a, num, make=make: make(num)(a))
+            for num in (steps, 2 * steps):
+                fns[name, num] = (partial_call(loop, num), (state0, collection))
+        rates = interleaved_rates(fns, 1, repeats)  # 1/seconds per call
+    sink.close()
+    out = {}
+    for name in ("plain", "bar"):
+        diff = 1 / rates[name, 2 * steps] - 1 / rates[name, steps]
+        out[name] = steps / diff if diff > 0 else float("nan")
+    return out
+
+
+def partial_call(fn, num):
+    return lambda a: fn(a, num)
+
+
 def machine_info():
     cpu = "unknown"
     try:
@@ -382,64 +498,19 @@ def fmt(x, spec=",.0f"):
     return "—" if x is None or (isinstance(x, float) and np.isnan(x)) else format(x, spec)
 
 
-def jitted_progress_bar_rate(make_kernel, X, y, steps, progress_bar, repeats=2):
-    """Steps/s of a one-chain loop that runs the kernel's ``sample`` and stores ``z`` under one ``jit``,
-    with (``progress_bar=True``) or without numpyro's own ``io_callback`` progress bar
-    (``numpyro.util.progress_bar_factory``: the bar ``MCMC`` already uses for parallel chains; it calls
-    back to the host every ``steps // 20`` iterations). A prototype of a fix for the one-chain
-    progress-bar path, not what ``MCMC`` does today. Compiled once (the trip count is an argument);
-    then ``S / (t(2S) - t(S))`` from the fastest of ``repeats`` timed calls of each."""
-    from numpyro.util import progress_bar_factory
-
-    kernel = make_kernel()
-    state0 = kernel.init(random.PRNGKey(0), 0, None, (X, y), {})
-    sink = open(os.devnull, "w")
-
-    def body(i, vals):
-        state, collection = vals
-        state = kernel.sample(state, (X, y), {})
-        return state, collection.at[i].set(state.z["w"])
-
-    with contextlib.redirect_stderr(sink):  # tqdm bars are created by the factory, and write later
-        if progress_bar:
-            # chain id 0 is passed in (numpyro passes -1 and lets the first callback assign it, once per
-            # factory); num_samples is left huge so the timed calls never close the bar
-            wrapped = progress_bar_factory(10**9, 1, max(steps // 10, 1))(body)
-
-            def loop(state, collection, num):
-                return lax.fori_loop(0, num, wrapped, ((state, collection), 0))[0]
-        else:
-
-            def loop(state, collection, num):
-                return lax.fori_loop(0, num, body, (state, collection))
-
-        loop = jax.jit(loop)
-        collection = jnp.zeros((2 * steps, X.shape[1]))
-        jax.block_until_ready(loop(state0, collection, 1))
-        times = {steps: [], 2 * steps: []}
-        for _ in range(repeats):
-            for num in times:
-                start = time.perf_counter()
-                out = jax.block_until_ready(loop(state0, collection, num))
-                times[num].append(time.perf_counter() - start)
-    sink.close()
-    assert bool(jnp.all(jnp.isfinite(out[1][2 * steps - 1])))
-    diff = min(times[2 * steps]) - min(times[steps])
-    return steps / diff if diff > 0 else float("nan")
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="S: steps of the shorter MCMC run (default 40000)")
     parser.add_argument("--quick", action="store_true", help="smoke test: two kernels, few steps (~30 s)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls per baseline (default 2)")
-    parser.add_argument("--mcmc-repeats", type=int, default=1, help="S/2S MCMC run pairs per kernel (default 1)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="MCMC runs per configuration, alternately S and 2S steps (default 3; quick 2); "
+                             "each baseline is timed once per round plus once before")
     args = parser.parse_args(argv)
-    steps = args.steps or (4000 if args.quick else 40000)
-    repeats = args.repeats or (1 if args.quick else 2)
-    mcmc_repeats = args.mcmc_repeats
-    pbar_steps = max(steps // 25, 200)  # the progress-bar path runs ~20x slower
-    vec_steps = max(steps // 4, 1000)
+    steps = args.steps or (5000 if args.quick else 20000)
+    rounds = args.rounds or (2 if args.quick else 3)
+    repeats = rounds + 1
+    pbar_steps = max(steps // 10, 1000)  # the progress-bar path runs 5-20x slower
+    vec_steps = max(steps // 2, 4000)
 
     global CLOCK
     CLOCK = CompileClock()
@@ -453,8 +524,8 @@ def main(argv=None):
     X, y = jnp.asarray(X), jnp.asarray(y)
     N, d = X.shape
     print(f"         data: a9a N={N} d={d}, minibatch n={BATCH}, prior N(0, {PRIOR_VAR:g})")
-    print(f"        steps: S={steps} (MCMC runs S and 2S steps), baseline timed calls={repeats}, "
-          f"MCMC S/2S pairs={mcmc_repeats}")
+    print(f"        steps: S={steps}; {rounds} MCMC runs per configuration (S, 2S, S, ...); "
+          f"baselines: best of {repeats} timed calls")
     print(flush=True)
 
     specs = kernel_specs()
@@ -462,27 +533,37 @@ def main(argv=None):
         specs = [s for s in specs if s[0] in QUICK_KERNELS]
 
     # one-off costs of the first MCMC run in a process (numpyro/jax caches, eager op compiles) must not
-    # land in the first measured run: warm up with a short run of every kernel class
-    for spec in specs:
-        time_mcmc(spec[1], X, y, 10, progress_bar=False)
+    # land in the first measured run: warm up with a short run
+    time_mcmc(specs[0][1], X, y, 10, progress_bar=False)
+    fixed = fixed_overhead(specs[0][1], X, y, repeats=1 if args.quick else 2, progress_bar=False)
+    print(f"  fixed non-compile cost of one MCMC.run (a 10-step run): {fixed:.3f} s", flush=True)
 
     rows = []
     for spec in specs:
         label, make_kernel, rule, hyper, step_size, bj_name, bj_nearest = spec
-        ours = steady_rate(make_kernel, X, y, steps, repeats=mcmc_repeats, progress_bar=False)
-        chain, _ = make_scan_chain(rule, hyper, step_size, X, y, steps)
-        t_scan, xs = best_time(jax.jit(chain), random.PRNGKey(1), repeats=repeats)
+        # baselines are compiled first and timed before and after the MCMC runs, so that their
+        # best-of spans the same stretch of time (the machine is shared; its speed drifts)
+        chain = jax.jit(make_scan_chain(rule, hyper, step_size, X, y, steps)[0])
+        timed = [(chain, random.PRNGKey(1), [])]
+        if bj_name is not None:
+            bj_chain = jax.jit(make_blackjax_chain(bj_name, hyper, step_size, X, y, steps))
+            timed.append((bj_chain, random.PRNGKey(2), []))
+        for fn, key, times in timed:
+            times.append(best_time(fn, key, repeats=1))
+        between = [lambda fn=fn, key=key, times=times: times.append(best_time(fn, key, repeats=1, compile=False))
+                   for fn, key, times in timed]
+        ours = steady_rate(make_kernel, X, y, steps, fixed, rounds=rounds, between=between, progress_bar=False)
+        (t_scan, xs), *rest = [min(times, key=lambda r: r[0]) for _, _, times in timed]
         finite = ours["finite"] and bool(jnp.all(jnp.isfinite(xs[-1])))
         bj = None
-        if bj_name is not None:
-            bj_chain = make_blackjax_chain(bj_name, hyper, step_size, X, y, steps)
-            t_bj, xs_bj = best_time(jax.jit(bj_chain), random.PRNGKey(2), repeats=repeats)
+        if rest:
+            t_bj, xs_bj = rest[0]
             bj = steps / t_bj
             finite &= bool(jnp.all(jnp.isfinite(xs_bj[-1])))
         row = dict(
             kernel=label,
             ours=ours["rate"],
-            ours_raw=ours["rate_raw"],
+            ours_diff=ours["rate_diff"],
             e2e=ours["e2e"],
             compile=ours["compile"],
             scan=steps / t_scan,
@@ -493,7 +574,7 @@ def main(argv=None):
         )
         rows.append(row)
         print(
-            f"  measured {label:<26} ours {fmt(row['ours']):>7}/s (raw difference {fmt(row['ours_raw'])}/s)  "
+            f"  measured {label:<26} ours {fmt(row['ours']):>7}/s (S/2S difference {fmt(row['ours_diff'])}/s)  "
             f"scan {fmt(row['scan']):>7}/s  blackjax {fmt(bj):>7}/s  all chains finite: {finite}",
             flush=True,
         )
@@ -502,24 +583,27 @@ def main(argv=None):
     print(f"## Steady-state steps/s, one chain, progress_bar=False (S={steps})")
     print()
     print("| kernel | ours steps/s | scan steps/s | ours/scan | blackjax steps/s | ours/blackjax "
-          "| ours, raw S/(t(2S)-t(S)) | ours end-to-end, S steps (s) | of which compile (s) |")
+          "| ours, S/2S difference | ours end-to-end, S steps (s) | of which compile (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         bj = "—" if r["blackjax"] is None else f"{fmt(r['blackjax'])} ({r['bj_name']})"
         ratio_bj = "—" if r["blackjax"] is None else f"{r['ours'] / r['blackjax']:.2f}"
         print(
             f"| {r['kernel']} | {fmt(r['ours'])} | {fmt(r['scan'])} | {r['ours'] / r['scan']:.2f} | {bj} "
-            f"| {ratio_bj} | {fmt(r['ours_raw'])} | {r['e2e']:.2f} | {r['compile']:.2f} |"
+            f"| {ratio_bj} | {fmt(r['ours_diff'])} | {r['e2e']:.2f} | {r['compile']:.2f} |"
         )
     print()
-    print("ours = S / (non-compile time of the 2S run - that of the S run); ~name: the nearest BlackJAX")
-    print("algorithm, not the same update (see RESULTS.md).")
+    print("ours: best of the S and 2S runs of s / (wall - compile - fixed); S/2S difference: S / (non-compile")
+    print("time of the 2S run - that of the S run). scan, blackjax: best of their timed calls.")
+    print("~name: the nearest BlackJAX algorithm, not the same update (see RESULTS.md).")
     sys.stdout.flush()
 
     # --- progress bar ---------------------------------------------------------------------------
     by_label = {r["kernel"]: r for r in rows}
+    fixed_pbar = fixed if args.quick else fixed_overhead(specs[0][1], X, y, progress_bar=True)
     print()
-    print(f"## Progress bar, one chain (S_pbar={pbar_steps}: runs of S_pbar and 2*S_pbar steps)")
+    print(f"## Progress bar, one chain (MCMC: runs of {pbar_steps} and {2 * pbar_steps} steps; prototype: "
+          f"{steps // 2} and {steps} steps)")
     print()
     print("| kernel | progress_bar=False | progress_bar=True | slowdown | True, diagnostics string off | slowdown "
           "| prototype: jitted loop, no bar | prototype: jitted loop + io_callback bar | slowdown |")
@@ -534,10 +618,10 @@ def main(argv=None):
             kernel.get_diagnostics_str = lambda state: ""  # instance override; the library is untouched
             return kernel
 
-        on = steady_rate(make_kernel, X, y, pbar_steps, repeats=mcmc_repeats, progress_bar=True)
-        off_diag = steady_rate(no_diagnostics, X, y, pbar_steps, repeats=mcmc_repeats, progress_bar=True)
-        jit_plain = jitted_progress_bar_rate(make_kernel, X, y, steps, progress_bar=False, repeats=repeats)
-        jit_bar = jitted_progress_bar_rate(make_kernel, X, y, steps, progress_bar=True, repeats=repeats)
+        on = steady_rate(make_kernel, X, y, pbar_steps, fixed_pbar, rounds=rounds, progress_bar=True)
+        off_diag = steady_rate(no_diagnostics, X, y, pbar_steps, fixed_pbar, rounds=rounds, progress_bar=True)
+        proto = jitted_progress_bar_rates(make_kernel, X, y, steps // 2, repeats=repeats)
+        jit_plain, jit_bar = proto["plain"], proto["bar"]
         base = by_label[label]["ours"]
         print(
             f"| {label} | {fmt(base)} | {fmt(on['rate'])} | {fmt(base / on['rate'], '.1f')}× "
@@ -550,10 +634,9 @@ def main(argv=None):
     num_chains = 4
     spec = next(s for s in kernel_specs() if s[0] == "SGNHT multivar. splitting")
     label, make_kernel, rule, hyper, step_size = spec[:5]
-    vec = steady_rate(
-        make_kernel, X, y, vec_steps, repeats=mcmc_repeats, progress_bar=False, num_chains=num_chains,
-        chain_method="vectorized",
-    )
+    vec_kwargs = dict(progress_bar=False, num_chains=num_chains, chain_method="vectorized")
+    fixed_vec = fixed if args.quick else fixed_overhead(make_kernel, X, y, **vec_kwargs)
+    vec = steady_rate(make_kernel, X, y, vec_steps, fixed_vec, rounds=rounds, **vec_kwargs)
     chain, _ = make_scan_chain(rule, hyper, step_size, X, y, vec_steps)
     t_vscan, _ = best_time(jax.jit(jax.vmap(chain)), random.split(random.PRNGKey(3), num_chains), repeats=repeats)
     vscan = vec_steps / t_vscan
@@ -566,6 +649,23 @@ def main(argv=None):
     print(f"| scan, jax.vmap over chains | {fmt(vscan)} | {fmt(num_chains * vscan)} | 1.00 |")
     print(f"| ours, one chain (table above) | {fmt(by_label[label]['ours'])} | {fmt(by_label[label]['ours'])} | |")
     sys.stdout.flush()
+
+    # --- where the time goes ----------------------------------------------------------------------
+    print()
+    print(f"## Where the time goes: one step in a bare lax.scan, compiled once (S={steps // 2}, best of {repeats})")
+    print()
+    print("| kernel | hand step | hand step + store z (= scan column) | kernel.sample | kernel.sample + store z "
+          "| MCMC (table above) | sample/hand |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for spec in specs:
+        if spec[0] not in (("SGLD",) if args.quick else ("SGLD", "SGNHT multivar. splitting", "PSGLD")):
+            continue
+        r = decompose(spec, X, y, steps // 2, repeats)
+        print(
+            f"| {spec[0]} | {fmt(r['hand', False])} | {fmt(r['hand', True])} | {fmt(r['ours', False])} "
+            f"| {fmt(r['ours', True])} | {fmt(by_label[spec[0]]['ours'])} | {r['ours', False] / r['hand', False]:.2f} |",
+            flush=True,
+        )
 
     # --- HLO of one step ----------------------------------------------------------------------------
     print()

@@ -61,32 +61,40 @@ def sd_and_mcse(draws):
 
 # --- assertions -----------------------------------------------------------------------------------
 def mc_report(name, estimate, target, mcse, allowance=0.0, k=K_SIGMA):
-    """Rows ``(label, estimate, target, |error|, tolerance, MCSE, allowance)``, ``tolerance = k·MCSE + allowance``."""
+    """Rows ``(label, estimate, target, error, lower, upper, MCSE, allowance)`` with the accepted error
+    interval ``[min(0, b) - k·MCSE, max(0, b) + k·MCSE]`` for a predicted bias ``b = allowance``."""
     estimate, target, mcse = (np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in (estimate, target, mcse))
-    allowance = np.broadcast_to(np.abs(np.asarray(allowance, dtype=np.float64)), estimate.shape)
-    error = np.abs(estimate - target)
-    tolerance = k * mcse + allowance
+    allowance = np.broadcast_to(np.asarray(allowance, dtype=np.float64), estimate.shape)
+    error = estimate - target
+    lower = np.minimum(0.0, allowance) - k * mcse
+    upper = np.maximum(0.0, allowance) + k * mcse
     rows = []
     for index in np.ndindex(estimate.shape):
         label = name + ("" if estimate.size == 1 else str(list(index)))
-        rows.append((label, estimate[index], target[index], error[index], tolerance[index], mcse[index], allowance[index]))
+        rows.append(
+            (label, estimate[index], target[index], error[index], lower[index], upper[index], mcse[index], allowance[index])
+        )
     return rows
 
 
 def assert_mc_close(name, estimate, target, mcse, allowance=0.0, k=K_SIGMA):
-    """Assert ``|estimate - target| <= k·MCSE + allowance`` elementwise; print the comparison.
+    """Assert ``estimate - target`` lies in ``[min(0, b) - k·MCSE, max(0, b) + k·MCSE]``; print the comparison.
 
-    ``allowance`` is a documented systematic bias (e.g. the discretisation bias of the chosen step
-    size), never a fudge factor: callers bound it separately (see :func:`assert_small_bias`).
+    ``allowance`` ``b`` is a documented, *predicted* systematic bias (e.g. of the step size; signed), never
+    a fudge factor: the error may lie anywhere between 0 and ``b``, plus ``k`` MCSEs either side. Callers
+    bound ``b`` separately (see :func:`assert_small_bias`).
     """
     rows = mc_report(name, estimate, target, mcse, allowance, k)
-    lines = [
-        f"  {label:<24} est {est: .5g}  target {tgt: .5g}  |err| {err:.3g}  tol {tol:.3g} "
-        f"(= {k}·{se:.3g} + {allow:.2g})  err/tol {err / tol:.2f}"
-        for label, est, tgt, err, tol, se, allow in rows
-    ]
+    lines = []
+    for label, est, tgt, err, lo, hi, se, allow in rows:
+        slack = min(err - lo, hi - err)  # > 0 inside the interval
+        lines.append(
+            f"  {label:<30} est {est: .5g}  target {tgt: .5g}  err {err: .3g}  accepted [{lo:.3g}, {hi:.3g}] "
+            f"(bias {allow:.2g}, {k}·MCSE {k * se:.3g})  |err|/tol {abs(err) / (hi if err >= 0 else -lo):.2f}"
+            + ("" if slack >= 0 else "  FAIL")
+        )
     print("\n".join(lines))
-    failed = [line for line, row in zip(lines, rows) if not row[3] <= row[4]]
+    failed = [line for line, row in zip(lines, rows) if not row[4] <= row[3] <= row[5]]
     assert not failed, f"{name}: outside the Monte Carlo tolerance:\n" + "\n".join(failed)
 
 
@@ -217,3 +225,11 @@ def predicted_thermostat(precision, grad_cov, step_size, diffusion, integrator, 
     friction = xi if multivariate else np.full(d, xi[0])
     cov = _momentum_chain_cov(precision, grad_cov, h, friction, diffusion, integrator)[:d, :d]
     return (xi if multivariate else xi[0]), cov
+
+
+def mahalanobis(draws, mean, cov):
+    """``(θ - μ)ᵀ Σ⁻¹ (θ - μ)`` per draw, shaped ``(chains, samples)``: its mean is ``d`` under N(μ, Σ) and
+    ``tr(Σ⁻¹ S)`` under a chain with mean ``μ`` and covariance ``S``. A pooled check of the temperature
+    of all coordinates at once, sharper than any single covariance entry."""
+    centred = np.asarray(draws, np.float64) - mean
+    return np.einsum("...i,ij,...j->...", centred, np.linalg.inv(cov), centred)
