@@ -72,7 +72,8 @@ def mc_report(name, estimate, target, mcse, allowance=0.0, k=K_SIGMA):
     for index in np.ndindex(estimate.shape):
         label = name + ("" if estimate.size == 1 else str(list(index)))
         rows.append(
-            (label, estimate[index], target[index], error[index], lower[index], upper[index], mcse[index], allowance[index])
+            (label, estimate[index], target[index], error[index])
+            + (lower[index], upper[index], mcse[index], allowance[index])
         )
     return rows
 
@@ -111,7 +112,7 @@ def assert_small_bias(name, bias, scale, fraction):
 def linear_regression_data(num_data, num_features, noise_scale, seed, feature_corr=0.3):
     """Simulated regression data with correlated Gaussian features.
 
-    Returns ``(X, y, w_true)`` as float32 arrays; feature ``j`` and ``j+1`` have correlation
+    Returns ``(X, y, w_true)`` (``X``, ``y`` in float32); feature ``j`` and ``j+1`` have correlation
     ``feature_corr`` (alternating in sign), so the posterior covariance has non-zero off-diagonals.
     """
     rng = np.random.default_rng(seed)
