@@ -5,31 +5,38 @@ Bayesian logistic regression at a9a size (N=32561, d=123, minibatch n=100, prior
 
 For every kernel this measures, in one process and side by side:
 
-* **ours**: ``numpyro.infer.MCMC(kernel, num_warmup=0, num_samples=S, progress_bar=False)``.
-  Every ``MCMC.run`` retraces and recompiles its loop, so each configuration is run with ``S``
-  and ``2S`` samples (each on a fresh ``MCMC``) and the steady-state rate is
-  ``S / (t(2S) - t(S))``. The end-to-end wall time of the ``S``-step run and the compile time
-  JAX reports for it (trace + lowering + XLA compile, from ``jax.monitoring``) are printed too.
+* **ours**: ``numpyro.infer.MCMC(kernel, num_warmup=0, num_samples=s, progress_bar=False)``.
+  Every ``MCMC.run`` retraces and recompiles (2-6 s here, more than the sampling itself), so a
+  run's sampling time is taken from the moment JAX reports (``jax.monitoring``) that the XLA
+  compilation of numpyro's sampling loop ended, to the end of the run. Runs alternate ``S`` and
+  ``2S`` samples on fresh ``MCMC`` objects; the best run is reported, and the difference estimate
+  ``S / (sampling(2S) - sampling(S))`` is printed as a cross-check, with the end-to-end wall time
+  of an ``S``-step run and the compile time JAX reports for it.
 * **scan**: a hand-written ``jax.jit(lax.scan)`` loop calling the same pure update rules of
   :mod:`ppl_sgmcmc.rules` with a hand-written minibatch gradient (``random.randint`` indices,
   ``jax.value_and_grad`` of the ``N/n``-scaled log-likelihood plus the log-prior). It stores every
-  position, as ``MCMC`` does. Compiled once; the best of ``--repeats`` timed calls is reported.
-* **blackjax**: ``blackjax.sgld`` / ``blackjax.sghmc`` (``num_integration_steps=1``) /
-  ``blackjax.sgnht`` stepped inside a ``lax.scan`` with ``blackjax.sgmcmc.gradients.grad_estimator``
-  and a ``randint`` minibatch per step, storing every position. Compiled once; best of repeats.
-  BlackJAX has no pSGLD, no splitting integrator and no multivariate thermostat: the nearest
-  BlackJAX algorithm is listed and marked ``~`` (see ``RESULTS.md`` for what each does per step).
+  position, as ``MCMC`` does. Compiled once; best of its timed calls, which are interleaved with
+  the MCMC runs (the machine is shared and its speed drifts by up to 2x).
+* **blackjax**: ``blackjax.sgld`` / ``blackjax.sghmc`` / ``blackjax.sgnht`` stepped in a ``lax.scan``
+  with ``blackjax.sgmcmc.gradients.grad_estimator`` and a ``randint`` minibatch per call, storing
+  every returned position; timed like the scan loop. BlackJAX has no pSGLD, no splitting
+  integrator and no multivariate thermostat, and its SGHMC re-draws the momentum every call; the
+  nearest BlackJAX algorithm is listed and marked ``~``. BlackJAX SGHMC runs
+  ``num_integration_steps=10`` per call (one minibatch per call; its rate counts integration
+  steps): with ``num_integration_steps=1`` its gradient is dead code (see ``make_blackjax_chain``).
 
-Then the progress-bar path (``progress_bar=True``, one chain, which numpyro runs as a Python loop
-with one jitted step and one ``get_diagnostics_str`` call per iteration; tqdm output goes to
-``/dev/null``), with and without the kernel's diagnostics string, and vectorised chains
-(``num_chains=4, chain_method="vectorized"``) for SGNHT against a ``vmap``-ped scan loop.
+Then: the progress-bar path (``progress_bar=True``, one chain, which numpyro runs as a Python loop
+with one jitted step and one ``get_diagnostics_str`` call per iteration; tqdm writes to
+``/dev/null``), with and without the kernel's diagnostics string, and a prototype of a jitted
+progress bar; vectorised chains (``num_chains=4, chain_method="vectorized"``) for SGNHT against a
+``vmap``-ped scan loop; the kernel's ``sample`` vs the hand-written step in a bare ``lax.scan``;
+and jaxpr / optimised-HLO op counts of one step.
 
 Usage (from the repository root)::
 
-    PYTHONPATH=. python benchmarks/throughput.py            # ~3 min on 2 CPU cores
-    PYTHONPATH=. python benchmarks/throughput.py --quick    # smoke test, ~30 s
-    PYTHONPATH=. python benchmarks/throughput.py --steps 40000 --repeats 3
+    PYTHONPATH=. python benchmarks/throughput.py             # ~3 min on 2 idle CPU cores
+    PYTHONPATH=. python benchmarks/throughput.py --quick     # smoke test, ~30-60 s
+    PYTHONPATH=. python benchmarks/throughput.py --steps 40000 --rounds 4
 """
 
 from __future__ import annotations
@@ -141,7 +148,8 @@ QUICK_KERNELS = ("SGLD", "SGNHT multivar. splitting")
 # Timing helpers
 # ----------------------------------------------------------------------------------------------
 class CompileClock:
-    """Sums the trace, lowering and XLA-compile durations JAX reports while it is active."""
+    """Records the compilations JAX reports (``jax.monitoring``) while it is active: the summed trace,
+    lowering and XLA-compile time, and the moment each XLA compilation ended."""
 
     EVENTS = (
         "/jax/core/compile/jaxpr_trace_duration",
@@ -151,16 +159,19 @@ class CompileClock:
 
     def __init__(self):
         self.total = 0.0
+        self.compiles = []  # (perf_counter at the end, fun_name, seconds) of each XLA compilation
         self.active = False
         jax.monitoring.register_event_duration_secs_listener(self._listen)
 
     def _listen(self, event, duration, **kwargs):
         if self.active and event in self.EVENTS:
             self.total += duration
+            if event == self.EVENTS[-1]:
+                self.compiles.append((time.perf_counter(), str(kwargs.get("fun_name", "")), duration))
 
     @contextlib.contextmanager
     def measure(self):
-        self.total, self.active = 0.0, True
+        self.total, self.compiles, self.active = 0.0, [], True
         try:
             yield self
         finally:
@@ -169,51 +180,59 @@ class CompileClock:
 
 CLOCK = None
 
+# The XLA computation that runs MCMC's sampling loop: the whole loop (progress_bar=False) or, with a
+# progress bar and one chain, the one step numpyro's Python loop calls.
+LOOP_FUNCTIONS = ("jit(_fori_collect_loop)", "jit(_body_fn)")
+
 
 def time_mcmc(make_kernel, X, y, num_samples, seed=0, **mcmc_kwargs):
-    """Wall time of one fresh ``MCMC.run`` (+ ``get_samples``), its compile time, and the MCMC."""
+    """One fresh ``MCMC.run`` (+ ``get_samples``): ``(wall time, compile time, sampling time, mcmc)``.
+
+    The sampling time runs from the end of the last compilation of the loop (``LOOP_FUNCTIONS``)
+    to the end of the run. Without a progress bar the loop is dispatched asynchronously, so the
+    small compilations numpyro does afterwards (reshapes of the collected samples) overlap it;
+    with a progress bar the loop is synchronous, and they are subtracted."""
     mcmc = MCMC(make_kernel(), num_warmup=0, num_samples=num_samples, **mcmc_kwargs)
     sink = open(os.devnull, "w")  # tqdm writes to sys.stderr as it is when the bar is created
     with CLOCK.measure() as clock, contextlib.redirect_stderr(sink):
         start = time.perf_counter()
         mcmc.run(random.PRNGKey(seed), X, y)
         jax.block_until_ready(mcmc.get_samples())
-        elapsed = time.perf_counter() - start
+        end = time.perf_counter()
     sink.close()
-    return elapsed, clock.total, mcmc
+    loop_end_compile = [i for i, (_, name, _) in enumerate(clock.compiles) if name in LOOP_FUNCTIONS]
+    if not loop_end_compile:
+        raise RuntimeError(f"no compilation of {LOOP_FUNCTIONS} seen: {[c[1] for c in clock.compiles]}")
+    last = loop_end_compile[-1]
+    sampling = end - clock.compiles[last][0]
+    if mcmc_kwargs.get("progress_bar", True):
+        sampling -= sum(duration for _, _, duration in clock.compiles[last + 1 :])
+    return end - start, clock.total, sampling, mcmc
 
 
-def fixed_overhead(make_kernel, X, y, repeats=2, **mcmc_kwargs):
-    """The per-run cost of ``MCMC.run`` that is neither compilation nor sampling (model tracing, init,
-    eager set-up): the non-compile time of a 10-step run, best of ``repeats``."""
-    return min(t - c for t, c, _ in (time_mcmc(make_kernel, X, y, 10, **mcmc_kwargs) for _ in range(repeats)))
-
-
-def steady_rate(make_kernel, X, y, steps, fixed, rounds=3, between=(), **mcmc_kwargs):
+def steady_rate(make_kernel, X, y, steps, rounds=2, between=(), **mcmc_kwargs):
     """Steady-state steps/s of ``MCMC.run`` (a fresh ``MCMC`` per run; every run recompiles).
 
-    ``rounds`` runs of alternately ``S`` and ``2S`` samples. For each, ``s / (t - c - f)``: ``t`` its
-    wall time, ``c`` the compile time JAX reports for it (trace + lowering + XLA compile, summed from
-    ``jax.monitoring``) and ``f`` the fixed non-compile cost of a run (:func:`fixed_overhead`, ~0.05 s).
-    ``rate`` is the best run (the machine is shared and its speed drifts by up to 2x; see
-    RESULTS.md). ``rate_diff`` is the difference estimate ``S / (min (t - c)(2S) - min (t - c)(S))``,
-    which needs no ``f``. Subtracting ``c`` matters: the recompile's jitter (2-4 s per run here) is
-    larger than the sampling time. ``between``: callables run after every run (baselines timed in
-    the same stretch of time)."""
+    ``rounds`` runs of alternately ``S`` and ``2S`` samples, each timed from the end of the
+    compilation of its sampling loop to its end (see :func:`time_mcmc`). ``rate`` is the best run
+    (the machine is shared and its speed drifts by up to 2x; see RESULTS.md); ``rate_diff`` is the
+    difference estimate ``S / (min sampling time(2S) - min sampling time(S))``, which cancels any
+    fixed cost left in the sampling time. ``between``: callables run after every run (baselines
+    timed in the same stretch of time)."""
     runs = {steps: [], 2 * steps: []}
     rate = 0.0
     for r in range(rounds):
         s = steps if r % 2 == 0 else 2 * steps
-        t, c, mcmc = time_mcmc(make_kernel, X, y, s, seed=r, **mcmc_kwargs)
-        runs[s].append((t, c))
-        rate = max(rate, s / (t - c - fixed))
+        t, c, sampling, mcmc = time_mcmc(make_kernel, X, y, s, seed=r, **mcmc_kwargs)
+        runs[s].append((t, c, sampling))
+        rate = max(rate, s / sampling)
         for fn in between:
             fn()
     rate_diff = float("nan")
     if runs[2 * steps]:
-        diff = min(t - c for t, c in runs[2 * steps]) - min(t - c for t, c in runs[steps])
+        diff = min(r[2] for r in runs[2 * steps]) - min(r[2] for r in runs[steps])
         rate_diff = steps / diff if diff > 0 else float("nan")
-    e2e, compile_time = min(runs[steps])
+    e2e, compile_time, _ = min(runs[steps])
     state = mcmc.last_state
     finite = bool(np.all(np.isfinite(np.asarray(jax.tree.leaves(state.z)[0]))))
     ndiv = int(np.sum(np.asarray(state.num_diverging)))
@@ -503,11 +522,11 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=None, help="S: steps of the shorter MCMC run (default 40000)")
     parser.add_argument("--quick", action="store_true", help="smoke test: two kernels, few steps (~30 s)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="MCMC runs per configuration, alternately S and 2S steps (default 3; quick 2); "
+                        help="MCMC runs per configuration, alternately S and 2S steps (default 2); "
                              "each baseline is timed once per round plus once before")
     args = parser.parse_args(argv)
     steps = args.steps or (5000 if args.quick else 20000)
-    rounds = args.rounds or (2 if args.quick else 3)
+    rounds = args.rounds or 2
     repeats = rounds + 1
     pbar_steps = max(steps // 10, 1000)  # the progress-bar path runs 5-20x slower
     vec_steps = max(steps // 2, 4000)
@@ -535,8 +554,6 @@ def main(argv=None):
     # one-off costs of the first MCMC run in a process (numpyro/jax caches, eager op compiles) must not
     # land in the first measured run: warm up with a short run
     time_mcmc(specs[0][1], X, y, 10, progress_bar=False)
-    fixed = fixed_overhead(specs[0][1], X, y, repeats=1 if args.quick else 2, progress_bar=False)
-    print(f"  fixed non-compile cost of one MCMC.run (a 10-step run): {fixed:.3f} s", flush=True)
 
     rows = []
     for spec in specs:
@@ -552,7 +569,7 @@ def main(argv=None):
             times.append(best_time(fn, key, repeats=1))
         between = [lambda fn=fn, key=key, times=times: times.append(best_time(fn, key, repeats=1, compile=False))
                    for fn, key, times in timed]
-        ours = steady_rate(make_kernel, X, y, steps, fixed, rounds=rounds, between=between, progress_bar=False)
+        ours = steady_rate(make_kernel, X, y, steps, rounds=rounds, between=between, progress_bar=False)
         (t_scan, xs), *rest = [min(times, key=lambda r: r[0]) for _, _, times in timed]
         finite = ours["finite"] and bool(jnp.all(jnp.isfinite(xs[-1])))
         bj = None
@@ -568,7 +585,9 @@ def main(argv=None):
             compile=ours["compile"],
             scan=steps / t_scan,
             blackjax=bj,
-            bj_name=(("~" if bj_nearest else "") + bj_name) if bj_name else None,
+            bj_name=(("~" if bj_nearest else "") + bj_name + (f", K={BLACKJAX_SGHMC_STEPS}" if bj_name == "sghmc" else ""))
+            if bj_name
+            else None,
             finite=finite,
             num_diverging=ours["num_diverging"],
         )
@@ -593,14 +612,15 @@ def main(argv=None):
             f"| {ratio_bj} | {fmt(r['ours_diff'])} | {r['e2e']:.2f} | {r['compile']:.2f} |"
         )
     print()
-    print("ours: best of the S and 2S runs of s / (wall - compile - fixed); S/2S difference: S / (non-compile")
-    print("time of the 2S run - that of the S run). scan, blackjax: best of their timed calls.")
-    print("~name: the nearest BlackJAX algorithm, not the same update (see RESULTS.md).")
+    print("ours: best run of s / sampling time (from the end of the loop's compilation to the end of the run);")
+    print("S/2S difference: S / (sampling time of the 2S run - that of the S run). scan, blackjax: best timed call.")
+    print("~name: the nearest BlackJAX algorithm, not the same update (see RESULTS.md). BlackJAX SGHMC, K=10:")
+    print("its rate counts integration steps, with one minibatch and one momentum draw per 10 steps: not a")
+    print("per-step comparison (with K=1 its gradient is dead code and it runs a gradient-free random walk).")
     sys.stdout.flush()
 
     # --- progress bar ---------------------------------------------------------------------------
     by_label = {r["kernel"]: r for r in rows}
-    fixed_pbar = fixed if args.quick else fixed_overhead(specs[0][1], X, y, progress_bar=True)
     print()
     print(f"## Progress bar, one chain (MCMC: runs of {pbar_steps} and {2 * pbar_steps} steps; prototype: "
           f"{steps // 2} and {steps} steps)")
@@ -618,8 +638,8 @@ def main(argv=None):
             kernel.get_diagnostics_str = lambda state: ""  # instance override; the library is untouched
             return kernel
 
-        on = steady_rate(make_kernel, X, y, pbar_steps, fixed_pbar, rounds=rounds, progress_bar=True)
-        off_diag = steady_rate(no_diagnostics, X, y, pbar_steps, fixed_pbar, rounds=rounds, progress_bar=True)
+        on = steady_rate(make_kernel, X, y, pbar_steps, rounds=rounds, progress_bar=True)
+        off_diag = steady_rate(no_diagnostics, X, y, pbar_steps, rounds=rounds, progress_bar=True)
         proto = jitted_progress_bar_rates(make_kernel, X, y, steps // 2, repeats=repeats)
         jit_plain, jit_bar = proto["plain"], proto["bar"]
         base = by_label[label]["ours"]
@@ -635,8 +655,7 @@ def main(argv=None):
     spec = next(s for s in kernel_specs() if s[0] == "SGNHT multivar. splitting")
     label, make_kernel, rule, hyper, step_size = spec[:5]
     vec_kwargs = dict(progress_bar=False, num_chains=num_chains, chain_method="vectorized")
-    fixed_vec = fixed if args.quick else fixed_overhead(make_kernel, X, y, **vec_kwargs)
-    vec = steady_rate(make_kernel, X, y, vec_steps, fixed_vec, rounds=rounds, **vec_kwargs)
+    vec = steady_rate(make_kernel, X, y, vec_steps, rounds=rounds, **vec_kwargs)
     chain, _ = make_scan_chain(rule, hyper, step_size, X, y, vec_steps)
     t_vscan, _ = best_time(jax.jit(jax.vmap(chain)), random.split(random.PRNGKey(3), num_chains), repeats=repeats)
     vscan = vec_steps / t_vscan
