@@ -196,7 +196,7 @@ class SGMCMCKernel(MCMCKernel):
             z=init_params,
             rule_state=rule_state,
             potential_energy=gradient.energy,
-            step_size=self.step_size_at(0),
+            step_size=jnp.asarray(self.step_size_at(0), flat.dtype),
             diverging=jnp.zeros((), bool),
             num_diverging=jnp.zeros((), jnp.int32),
             batch_state=batch_state,
