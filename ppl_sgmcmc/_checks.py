@@ -4,7 +4,7 @@ Shared by both backends so that the same bad input gets the same error.
 """
 
 import math
-from numbers import Real
+from numbers import Integral, Real
 
 
 def positive(name, value, kernel):
@@ -33,3 +33,10 @@ def step_size(value, kernel):
     if callable(value):
         return value
     return positive("step_size", value, kernel)
+
+
+def positive_int(name, value, kernel):
+    """A strictly positive integer."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
+        raise ValueError(f"{kernel}: `{name}` must be a positive integer, got {value!r}.")
+    return int(value)

@@ -4,16 +4,23 @@ NumPyro's own plate draws its indices with an O(N) shuffle on every trace. The k
 here instead and substitute them into the plate:
 
 * ``replace=True`` (default): ``n`` indices uniformly with replacement, ``S_t ~ U{0..N-1}^n``.
+  For ``N ≤ 2^18`` an index is ``bits mod N`` of 32 random bits (one draw; the modulo bias makes
+  no index more likely than another by more than ``N / 2^32 < 6·10^-5`` relative), above that
+  :func:`jax.random.randint`.
 * ``replace=False``: epoch-wise reshuffling; a permutation of ``0..N-1`` is drawn once per epoch
   and consumed ``n`` indices at a time (the tail shorter than ``n`` is skipped). The reshuffle is
-  O(N) once per epoch, amortised O(n) per step; under ``chain_method="vectorized"`` JAX evaluates
-  both branches of the epoch test, so vectorised chains pay O(N) every step.
+  O(N) once per epoch, amortised O(n) per step, also for vectorised chains: all chains start
+  their epochs on the same step, and the reshuffle has its own batching rule that keeps the
+  epoch test a branch instead of evaluating both sides for every chain.
 """
 
 from typing import NamedTuple
 
 import jax.numpy as jnp
-from jax import lax, random
+from jax import custom_batching, lax, random, vmap
+
+# Above this plate size, ``bits mod N`` would be measurably non-uniform; use randint.
+_MAX_MODULO_SIZE = 2**18
 
 
 class BatchState(NamedTuple):
@@ -34,18 +41,43 @@ def init(rng_key, plate_sizes, replace):
     )
 
 
+def uniform_indices(rng_key, size, n):
+    """``n`` indices drawn uniformly with replacement from ``0..size-1``."""
+    if size <= _MAX_MODULO_SIZE:
+        return (random.bits(rng_key, (n,), jnp.uint32) % size).astype(jnp.int32)
+    return random.randint(rng_key, (n,), 0, size)
+
+
+@custom_batching.custom_vmap
+def _reshuffle(new_epoch, rng_key, permutation):
+    """A fresh permutation if ``new_epoch``, else ``permutation``."""
+    return lax.cond(new_epoch, lambda: random.permutation(rng_key, permutation.shape[0]), lambda: permutation)
+
+
+@_reshuffle.def_vmap
+def _reshuffle_batched(axis_size, in_batched, new_epoch, rng_key, permutation):
+    new_epoch, rng_key, permutation = (
+        x if batched else jnp.broadcast_to(x, (axis_size,) + jnp.shape(x))
+        for x, batched in zip((new_epoch, rng_key, permutation), in_batched)
+    )
+
+    def fresh():
+        shuffled = vmap(lambda key: random.permutation(key, permutation.shape[-1]))(rng_key)
+        return jnp.where(new_epoch[:, None], shuffled, permutation)
+
+    return lax.cond(jnp.any(new_epoch), fresh, lambda: permutation), True
+
+
 def draw(rng_key, state, plate_sizes, replace):
     """The indices of each subsampled plate for one step, and the advanced batch state."""
-    keys = dict(zip(plate_sizes, random.split(rng_key, max(len(plate_sizes), 1))))
+    keys = dict(zip(plate_sizes, random.split(rng_key, len(plate_sizes)) if len(plate_sizes) > 1 else [rng_key]))
     if replace:
-        return {name: random.randint(keys[name], (n,), 0, size) for name, (size, n) in plate_sizes.items()}, state
+        return {name: uniform_indices(keys[name], size, n) for name, (size, n) in plate_sizes.items()}, state
     indices, permutation, position = {}, {}, {}
     for name, (size, n) in plate_sizes.items():
         start = state.position[name]
         new_epoch = start + n > size
-        permutation[name] = lax.cond(
-            new_epoch, lambda key: random.permutation(key, size), lambda _: state.permutation[name], keys[name]
-        )
+        permutation[name] = _reshuffle(new_epoch, keys[name], state.permutation[name])
         start = jnp.where(new_epoch, 0, start)
         indices[name] = lax.dynamic_slice_in_dim(permutation[name], start, n)
         position[name] = start + n

@@ -55,6 +55,14 @@ def model_errors(kernel_name, doing):
         ) from err
 
 
+def _first_rows(msg):
+    """Indices ``0..n-1`` for a subsampled plate of the prototype trace (the plate's own draw would
+    shuffle all ``N`` rows, and compile that shuffle, on every ``MCMC.run``)."""
+    if msg["type"] == "plate" and msg["args"][1] is not None and msg["args"][1] < msg["args"][0]:
+        return jnp.arange(msg["args"][1])
+    return None
+
+
 class ModelTarget:
     """The subsampled potential of a NumPyro model (see the module docstring)."""
 
@@ -63,7 +71,9 @@ class ModelTarget:
         self.replace = replace
         self.kernel_name = kernel_name
         with model_errors(kernel_name, "tracing the model"):
-            model_trace = trace(seed(model, rng_key)).get_trace(*model_args, **model_kwargs)
+            model_trace = trace(seed(substitute(model, substitute_fn=_first_rows), rng_key)).get_trace(
+                *model_args, **model_kwargs
+            )
         self.plate_sizes = subsample_plate_sizes(model_trace)
         self.data_sites = frozenset(
             name

@@ -33,6 +33,7 @@ def test_step_size_must_be_positive_finite(bad):
         (lambda: PSGLD(logistic_model, step_size=1e-3, alpha=1.0), "`alpha` must lie strictly between 0 and 1"),
         (lambda: PSGLD(logistic_model, step_size=1e-3, eps=0.0), "`eps` must be a finite positive"),
         (lambda: SGLD(logistic_model, step_size=1e-3, temperature=0), "`temperature` must be a finite positive"),
+        (lambda: SGLD(logistic_model, step_size=1e-3, steps_per_sample=2.5), "`steps_per_sample` must be a positive"),
         (lambda: SGLD(step_size=1e-3), "exactly one of `model` and `potential_fn`"),
     ],
 )

@@ -47,14 +47,22 @@ def test_samples_shapes_and_constraints(make_kernel, logistic_data):
     assert jnp.all(jnp.isfinite(extra["potential_energy"])) and not extra["diverging"].any()
 
 
-def run_chains(chain_method, data):
-    return run(SGNHT(logistic_model, step_size=1e-2), data, num_chains=2, chain_method=chain_method, thinning=3,
-               extra_fields=("rule_state.thermostat",))
+def run_chains(chain_method, data, replace=True):
+    return run(SGNHT(logistic_model, step_size=1e-2, replace=replace), data, num_chains=2, chain_method=chain_method,
+               thinning=3, extra_fields=("rule_state.thermostat",))
 
 
 @pytest.fixture(scope="module")
 def sequential_chains(logistic_data):
     return run_chains("sequential", logistic_data)
+
+
+def test_vectorized_chains_reshuffle_each_epoch_like_sequential_ones(logistic_data):
+    """Epoch-wise reshuffling under ``vmap`` (its own batching rule) gives the sequential chains' draws;
+    its 50 steps of 20 rows cover five epochs of the 200 rows."""
+    vectorized = run_chains("vectorized", logistic_data, replace=False).get_samples(group_by_chain=True)
+    sequential = run_chains("sequential", logistic_data, replace=False).get_samples(group_by_chain=True)
+    np.testing.assert_allclose(vectorized["w"], sequential["w"], rtol=1e-4, atol=1e-5)
 
 
 def test_sequential_chains(sequential_chains):
@@ -76,6 +84,26 @@ def test_thinning_keeps_every_kth_step(logistic_data):
     thin = run(SGLD(logistic_model, step_size=1e-3), logistic_data, thinning=5, extra_fields=("i",))
     np.testing.assert_array_equal(thin.get_extra_fields()["i"], full.get_extra_fields()["i"][4::5])
     np.testing.assert_allclose(thin.get_samples()["w"], full.get_samples()["w"][4::5], rtol=1e-6)
+
+
+def test_steps_per_sample_equals_thinning(logistic_data):
+    """``steps_per_sample=k`` takes the same steps as ``k`` calls, keeping the last: MCMC's ``thinning=k``."""
+    kernel = lambda **kw: SGNHT(logistic_model, step_size=1e-2, **kw)  # noqa: E731
+    inner = run(kernel(steps_per_sample=5), logistic_data, num_warmup=4, num_samples=6,
+                extra_fields=("i", "rule_state.thermostat"))
+    outer = run(kernel(), logistic_data, num_warmup=20, num_samples=30, thinning=5,
+                extra_fields=("i", "rule_state.thermostat"))
+    np.testing.assert_array_equal(inner.get_extra_fields()["i"], outer.get_extra_fields()["i"])
+    np.testing.assert_allclose(inner.get_samples()["w"], outer.get_samples()["w"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(inner.get_extra_fields()["rule_state.thermostat"],
+                               outer.get_extra_fields()["rule_state.thermostat"], rtol=1e-5, atol=1e-6)
+
+
+def test_steps_per_sample_reports_any_rejected_step(logistic_data):
+    mcmc = run(SGLD(logistic_model, step_size=1e3, steps_per_sample=4), logistic_data, extra_fields=("num_diverging",))
+    diverging, count = mcmc.get_extra_fields()["diverging"], mcmc.get_extra_fields()["num_diverging"]
+    np.testing.assert_array_equal(diverging, np.diff(count, prepend=count[0] - diverging[0]) > 0)
+    assert diverging.any()
 
 
 @pytest.mark.parametrize("make_kernel", KERNELS[::3])
