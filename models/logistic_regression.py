@@ -60,9 +60,11 @@ def main(argv=None):
     parser.add_argument("--integrator", choices=["splitting", "euler"], default="splitting")
     parser.add_argument("--step-size", type=float, default=1e-2)
     parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--num-warmup", type=int, default=2000)
-    parser.add_argument("--num-samples", type=int, default=20000)
-    parser.add_argument("--thinning", type=int, default=20)
+    parser.add_argument("--num-warmup", type=int, default=2000, help="burn-in steps")
+    parser.add_argument("--num-samples", type=int, default=20000, help="steps after burn-in")
+    parser.add_argument("--thinning", type=int, default=20,
+                        help="keep every k-th step (the kernel's steps_per_sample); --num-warmup and "
+                             "--num-samples count steps and are rounded down to multiples of k")
     parser.add_argument("--num-chains", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("outputs"))
@@ -70,13 +72,16 @@ def main(argv=None):
 
     X, y, X_test, y_test = load_a9a()
     print(f"a9a: {X.shape[0]} training rows, {X_test.shape[0]} test rows, {X.shape[1]} features")
-    kernel = getattr(sg, args.kernel)(model, step_size=args.step_size, integrator=args.integrator)
+    # thinning inside the kernel: the same steps and draws as MCMC(thinning=k), with one pass of
+    # numpyro's progress-bar loop per kept draw instead of per step
+    kernel = getattr(sg, args.kernel)(
+        model, step_size=args.step_size, integrator=args.integrator, steps_per_sample=args.thinning
+    )
     mcmc = MCMC(
         kernel,
-        num_warmup=args.num_warmup,
-        num_samples=args.num_samples,
+        num_warmup=args.num_warmup // args.thinning,
+        num_samples=args.num_samples // args.thinning,
         num_chains=args.num_chains,
-        thinning=args.thinning,
         chain_method="vectorized",
     )
     start = time.perf_counter()
