@@ -32,11 +32,17 @@ Python iteration; rates counted in SG-MCMC steps); vectorised chains (``num_chai
 ``vmap``-ped scan loop; the kernel's ``sample`` vs the hand-written step in a bare ``lax.scan``;
 and jaxpr / optimised-HLO op counts of one step.
 
+With ``--pyro`` (or ``--pyro-only``), the Pyro backend (:mod:`ppl_sgmcmc.pyro`) on the same problem and
+kernels, in PyTorch: ``pyro.infer.MCMC`` with each kernel against a hand-written torch loop doing the
+same minibatch gradient and the same rule function (see ``pyro_section``), plus where a Pyro
+gradient's time goes (Pyro's usual trace, the kernel's eager handler, the traced graph).
+
 Usage (from the repository root)::
 
     PYTHONPATH=. python benchmarks/throughput.py             # ~3 min on 2 idle CPU cores
     PYTHONPATH=. python benchmarks/throughput.py --quick     # smoke test, ~30-60 s
     PYTHONPATH=. python benchmarks/throughput.py --steps 40000 --rounds 4
+    PYTHONPATH=. python benchmarks/throughput.py --pyro-only --rounds 3   # the Pyro rows only
 """
 
 from __future__ import annotations
@@ -440,6 +446,255 @@ def interleaved_rates(fns, steps, repeats):
     return {name: steps / t for name, t in best.items()}
 
 
+# ----------------------------------------------------------------------------------------------
+# Pyro backend (--pyro adds this section, --pyro-only runs only it): the kernels of ppl_sgmcmc.pyro
+# under pyro.infer.MCMC against a hand-written torch loop doing the same minibatch gradient and update
+# ----------------------------------------------------------------------------------------------
+PYRO_STEPS = 3000  # Pyro runs ~1-5k steps/s here: S steps per timed run (--pyro-steps)
+
+
+def pyro_model(X, y=None):
+    """``model`` above, in Pyro."""
+    import pyro
+    import pyro.distributions as pdist
+
+    w = pyro.sample("w", pdist.Normal(0.0, PRIOR_VAR**0.5).expand([X.shape[1]]).to_event(1))
+    with pyro.plate("data", X.shape[0], subsample_size=BATCH):
+        Xb = pyro.subsample(X, event_dim=1)
+        yb = pyro.subsample(y, event_dim=0) if y is not None else None
+        pyro.sample("y", pdist.Bernoulli(logits=Xb @ w), obs=yb)
+
+
+def pyro_kernel_specs():
+    """``(label, factory(**kwargs) -> ppl_sgmcmc.pyro kernel, rule, rule hyper-parameters, step size)``,
+    the rows of :func:`kernel_specs` with the same hyper-parameters."""
+    from ppl_sgmcmc import pyro as pyro_kernels
+
+    specs = []
+    for label, make_numpyro_kernel, rule, hyper, step_size, *_ in kernel_specs():
+        numpyro_kernel = make_numpyro_kernel()
+        cls = getattr(pyro_kernels, type(numpyro_kernel).__name__)
+        options = {k: v for k, v in hyper.items() if k not in ("multivariate",)}
+        if "multivariate" in hyper:
+            options["thermostat"] = "multivariate" if hyper["multivariate"] else "scalar"
+
+        def make(cls=cls, options=options, step_size=step_size, **kwargs):
+            return cls(pyro_model, step_size=step_size, **options, **kwargs)
+
+        specs.append((label, make, rule, hyper, step_size))
+    return specs
+
+
+def torch_hand_rate(rule, hyper, step_size, X, y, steps, seed=0):
+    """Steps/s of a hand-written torch loop: ``torch.randint`` indices from a ``torch.Generator``,
+    ``X[idx]``, the ``N/n``-scaled log-likelihood plus the log-prior, ``torch.autograd.grad``, noise from
+    the generator, the **same** rule function of :mod:`ppl_sgmcmc.rules`, and every position stored
+    (as ``MCMC`` stores each sample). No divergence check."""
+    import torch
+
+    N, d = X.shape
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.zeros(d)
+    state = rule.init(x, torch.randn(d, generator=generator), **hyper)
+    out = torch.empty(steps, d)
+
+    def gradient(idx):
+        def grad_fn(w):
+            w = w.detach().requires_grad_()
+            logits = X[idx] @ w
+            loglik = (y[idx] * logits - torch.nn.functional.softplus(logits)).sum()
+            energy = 0.5 * (w * w).sum() / PRIOR_VAR - (N / BATCH) * loglik
+            (grad,) = torch.autograd.grad(energy, w)
+            score = -(grad - w.detach() / PRIOR_VAR) / N  # mean per-datum score (pSGLD)
+            return StochasticGradient(energy.detach(), grad, score)
+
+        return grad_fn
+
+    start = time.perf_counter()
+    for i in range(steps):
+        idx = torch.randint(N, (BATCH,), generator=generator)
+        x, state, _ = rule.step(x, state, gradient(idx), torch.randn(d, generator=generator), step_size, **hyper)
+        out[i] = x
+    rate = steps / (time.perf_counter() - start)
+    assert bool(torch.isfinite(out[-1]).all())
+    return rate
+
+
+def pyro_mcmc_rate(make_kernel, X, y, steps, **kernel_kwargs):
+    """``pyro.infer.MCMC(kernel, warmup_steps=0, num_samples=S, disable_progbar=True)``: steps/s between
+    the first and the last draw (a ``hook_fn`` time-stamps them; setup and tracing excluded), the
+    end-to-end wall time, and whether any draw diverged. With ``steps_per_sample=k`` it runs ``S/k``
+    draws of ``k`` steps."""
+    import pyro
+    from pyro.infer import MCMC
+
+    k = kernel_kwargs.get("steps_per_sample", 1)
+    stamps = []
+    mcmc = MCMC(make_kernel(**kernel_kwargs), warmup_steps=0, num_samples=steps // k, disable_progbar=True,
+                hook_fn=lambda kernel, params, stage, i: stamps.append(time.perf_counter()))  # fmt: skip
+    pyro.set_rng_seed(0)
+    start = time.perf_counter()
+    mcmc.run(X, y)
+    end = time.perf_counter()
+    diverged = sum(len(v) for v in mcmc.diagnostics()["divergences"].values())
+    return (len(stamps) - 1) * k / (stamps[-1] - stamps[0]), end - start, diverged
+
+
+def pyro_sample_loop_rate(make_kernel, X, y, steps):
+    """Steps/s of the kernel's own ``setup`` + ``sample`` loop, without ``MCMC`` (no progress-bar logging,
+    no copy of each sample): separates the kernel's cost from Pyro's per-draw overhead."""
+    import pyro
+
+    kernel = make_kernel()
+    pyro.set_rng_seed(0)
+    kernel.setup(0, X, y)
+    params = kernel.sample(kernel.initial_params)  # traces the potential
+    start = time.perf_counter()
+    for _ in range(steps):
+        params = kernel.sample(params)
+    rate = steps / (time.perf_counter() - start)
+    kernel.cleanup()
+    return rate
+
+
+def pyro_gradient_costs(X, y, repeats):
+    """Microseconds per minibatch gradient ``(Ũ_t, ∇Ũ_t)`` at a fixed point, four ways: by hand; Pyro's
+    usual path (``poutine.trace`` of the model conditioned on the latent and the plate's indices,
+    ``log_prob_sum``, autograd); the kernel's eager path (one light handler, autograd); and the
+    kernel's traced graph, without and with :func:`ppl_sgmcmc.pyro.compile.simplify`. Also the number
+    of tensor operations per call of each graph."""
+    import pyro
+    import torch
+    from pyro import poutine
+
+    from ppl_sgmcmc.pyro import SGLD
+    from ppl_sgmcmc.pyro import compile as pyro_compile
+
+    N, d = X.shape
+    kernel = SGLD(pyro_model, step_size=5e-6)
+    pyro.set_rng_seed(0)
+    kernel.setup(0, X, y)
+    target = kernel._target
+    generator = torch.Generator().manual_seed(0)
+    flat = 0.1 * torch.randn(d, generator=generator)
+    idx = torch.randint(N, (BATCH,), generator=generator)
+    batch = {"data": idx}
+    fn, inputs, check = target.traceable(("gradient", False), flat, batch)
+    raw = pyro_compile.trace(fn, inputs, check, "bench", optimize=False)
+    simplified = pyro_compile.trace(fn, inputs, check, "bench")
+
+    def hand():
+        w = flat.detach().requires_grad_()
+        logits = X[idx] @ w
+        energy = 0.5 * (w * w).sum() / PRIOR_VAR - (N / BATCH) * (y[idx] * logits - torch.nn.functional.softplus(logits)).sum()
+        return torch.autograd.grad(energy, w)
+
+    def pyro_trace():
+        w = flat.detach().requires_grad_()
+        conditioned = poutine.condition(pyro_model, data={"w": w, "data": idx})
+        energy = -poutine.trace(conditioned).get_trace(X, y).log_prob_sum()
+        return torch.autograd.grad(energy, w)
+
+    fns = {
+        "hand-written, autograd": hand,
+        "Pyro trace + log_prob_sum, autograd": pyro_trace,
+        "kernel, eager (one handler), autograd": lambda: target._eager_gradient(flat, batch, False),
+        "kernel, traced graph": lambda: raw(*inputs),
+        "kernel, traced graph, simplified (default)": lambda: simplified(*inputs),
+    }
+    calls = 500
+    best = {}
+    with pyro.validation_enabled(False):
+        for _ in range(repeats):
+            for name, f in fns.items():
+                f()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    f()
+                best[name] = min(best.get(name, float("inf")), (time.perf_counter() - start) / calls * 1e6)
+    ops = {
+        "kernel, traced graph": sum(n.op == "call_function" for n in raw.graph.graph.nodes),
+        "kernel, traced graph, simplified (default)": sum(n.op == "call_function" for n in simplified.graph.graph.nodes),
+    }
+    kernel.cleanup()
+    return best, ops
+
+
+def pyro_section(steps, rounds, quick):
+    """Print the Pyro tables; returns their rows."""
+    import pyro
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 100x123 mat-vec per step: threads only add overhead on 2 shared cores
+    X_np, y_np, _, _ = load_a9a()
+    X, y = torch.from_numpy(X_np), torch.from_numpy(y_np)
+    specs = pyro_kernel_specs()
+    if quick:
+        specs = [s for s in specs if s[0] in QUICK_KERNELS]
+    print()
+    print(f"## Pyro: steps/s, one chain, pyro {pyro.__version__}, torch {torch.__version__}, "
+          f"torch threads 1 (S={steps}, best of {rounds} interleaved runs)")
+    print()
+    pyro_mcmc_rate(specs[0][1], X, y, 50)  # first-use costs (imports of torch's tracing machinery)
+    rows = []
+    for label, make_kernel, rule, hyper, step_size in specs:
+        best = {}
+        diverged = 0
+        for _ in range(rounds):
+            timed = {
+                "hand": lambda: torch_hand_rate(rule, hyper, step_size, X, y, steps),
+                "mcmc": lambda: pyro_mcmc_rate(make_kernel, X, y, steps),
+                "mcmc10": lambda: pyro_mcmc_rate(make_kernel, X, y, steps, steps_per_sample=10),
+                "loop": lambda: pyro_sample_loop_rate(make_kernel, X, y, steps),
+                "eager": lambda: pyro_mcmc_rate(make_kernel, X, y, steps, compile_potential=False),
+            }
+            for name, fn in timed.items():
+                out = fn()
+                if isinstance(out, tuple):
+                    rate, e2e, div = out
+                    diverged += div
+                    if name == "mcmc":
+                        best["e2e"] = min(best.get("e2e", float("inf")), e2e)
+                else:
+                    rate = out
+                best[name] = max(best.get(name, 0.0), rate)
+        row = dict(kernel=label, diverged=diverged, **best)
+        rows.append(row)
+        print(f"  measured {label:<26} MCMC {fmt(row['mcmc']):>6}/s  hand {fmt(row['hand']):>6}/s  "
+              f"ratio {row['mcmc'] / row['hand']:.2f}", flush=True)
+    print()
+    print("| kernel | hand-written torch loop | ours: MCMC | ours/hand | ours: MCMC, steps_per_sample=10 | ratio "
+          "| ours: kernel.sample loop | ratio | ours, eager model (compile_potential=False) | ratio "
+          "| MCMC end-to-end, S steps (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        h = r["hand"]
+        print(f"| {r['kernel']} | {fmt(h)} | {fmt(r['mcmc'])} | {r['mcmc'] / h:.2f} | {fmt(r['mcmc10'])} "
+              f"| {r['mcmc10'] / h:.2f} | {fmt(r['loop'])} | {r['loop'] / h:.2f} | {fmt(r['eager'])} "
+              f"| {r['eager'] / h:.2f} | {r['e2e']:.2f} |")
+    if any(r["diverged"] for r in rows):
+        print("\nWARNING: some Pyro draws diverged:", {r["kernel"]: r["diverged"] for r in rows})
+    print()
+    print("ours: steps/s between the first and last draw of pyro.infer.MCMC (disable_progbar=True; setup and")
+    print("the one-off tracing of the potential excluded, they are in the end-to-end time). hand: the loop of")
+    print("torch_hand_rate, with the same rule function. Best of the interleaved runs.")
+
+    costs, ops = pyro_gradient_costs(X, y, max(rounds, 2))
+    print()
+    print("## Pyro: where the time goes, one minibatch gradient at a fixed point (µs per call, best of "
+          f"{max(rounds, 2)}x500 calls)")
+    print()
+    print("| path | µs per gradient | vs hand-written | tensor ops per call |")
+    print("|---|---:|---:|---:|")
+    hand = costs["hand-written, autograd"]
+    for name, us in costs.items():
+        print(f"| {name} | {us:.0f} | {us / hand:.2f}× | {ops.get(name, '')} |")
+    torch.set_num_threads(threads)
+    sys.stdout.flush()
+    return rows
+
+
 def machine_info():
     cpu = "unknown"
     try:
@@ -476,7 +731,11 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=None,
                         help="MCMC runs per configuration, alternately S and 2S steps (default 2); "
                              "each baseline is timed once per round plus once before")
+    parser.add_argument("--pyro", action="store_true", help="add the Pyro backend's rows (torch loop vs Pyro MCMC)")
+    parser.add_argument("--pyro-only", action="store_true", help="only the Pyro rows (~2-4 min)")
+    parser.add_argument("--pyro-steps", type=int, default=None, help=f"steps per Pyro run (default {PYRO_STEPS})")
     args = parser.parse_args(argv)
+    pyro_steps = args.pyro_steps or (1000 if args.quick else PYRO_STEPS)
     steps = args.steps or (5000 if args.quick else 20000)
     rounds = args.rounds or 2
     repeats = rounds + 1
@@ -498,6 +757,12 @@ def main(argv=None):
     print(f"        steps: S={steps}; {rounds} MCMC runs per configuration (S, 2S, S, ...); "
           f"baselines: best of {repeats} timed calls")
     print(flush=True)
+
+    if args.pyro_only:
+        pyro_section(pyro_steps, rounds, args.quick)
+        print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s; load average at the end "
+              + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+        return
 
     specs = kernel_specs()
     if args.quick:
@@ -643,6 +908,9 @@ def main(argv=None):
         counts = compare_one_step(spec, X, y)
         for side in ("ours", "hand"):
             print(f"| {spec[0]} | {side} | " + " | ".join(str(counts[side][k]) for k in keys) + " |")
+
+    if args.pyro:
+        pyro_section(pyro_steps, rounds, args.quick)
 
     print()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())

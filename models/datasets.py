@@ -36,3 +36,74 @@ def load_a9a(dtype=numpy.float32):
         y_train = d["y_train"].astype(dtype)
         y_test = d["y_test"].astype(dtype)
     return X_train, y_train, X_test, y_test
+
+
+CORPUS_PATHS = {name: Path(__file__).parent / "data" / f"{name}.npz" for name in ("ap", "reuters")}
+
+
+class Corpus:
+    """A bag-of-words corpus: document ``d`` holds word ``word_ids[p]`` ``counts[p]`` times for the pairs
+    ``p`` in ``offsets[d]:offsets[d + 1]``.
+
+    * ``num_documents``, ``vocab_size``, ``num_tokens``; ``vocab[i]`` the word with id ``i``; ``titles``
+      (or ``None``).
+    * :meth:`tokens` the word ids of one document's tokens, each repeated by its count.
+    * :meth:`matrix` the sparse document-word count matrix (``scipy.sparse.csr_matrix``).
+    """
+
+    def __init__(self, doc_sizes, word_ids, counts, vocab, titles=None):
+        self.word_ids = numpy.asarray(word_ids, dtype=numpy.int64)
+        self.counts = numpy.asarray(counts, dtype=numpy.int64)
+        self.offsets = numpy.concatenate([[0], numpy.cumsum(numpy.asarray(doc_sizes, dtype=numpy.int64))])
+        self.vocab = tuple(vocab)
+        self.titles = None if titles is None else tuple(titles)
+        self.num_documents = len(self.offsets) - 1
+        self.vocab_size = len(self.vocab)
+        self.num_tokens = int(self.counts.sum())
+
+    def tokens(self, d):
+        """The word ids of document ``d``'s tokens (a word counted ``c`` times appears ``c`` times in a row)."""
+        pairs = slice(self.offsets[d], self.offsets[d + 1])
+        return numpy.repeat(self.word_ids[pairs], self.counts[pairs])
+
+    def lengths(self):
+        """The number of tokens of every document."""
+        return numpy.add.reduceat(self.counts, self.offsets[:-1])
+
+    def matrix(self, docs=None):
+        """The ``(len(docs), vocab_size)`` document-word count matrix of ``docs`` (default: all), CSR."""
+        import scipy.sparse
+
+        rows = numpy.repeat(numpy.arange(self.num_documents), numpy.diff(self.offsets))
+        full = scipy.sparse.csr_matrix(
+            (self.counts, (rows, self.word_ids)), shape=(self.num_documents, self.vocab_size)
+        )
+        return full if docs is None else full[numpy.asarray(docs)]
+
+
+def _unpack_text(array):
+    return bytes(numpy.asarray(array, dtype=numpy.uint8)).decode("utf-8").split("\n")
+
+
+def load_corpus(name):
+    """Load a bundled bag-of-words corpus: ``"ap"`` (Blei's AP news, 2246 documents, vocabulary 10473,
+    435838 tokens) or ``"reuters"`` (the ``lda`` package's Reuters sample, 395 documents, vocabulary 4258,
+    84010 tokens, with titles). Returns a :class:`Corpus`.
+
+    Provenance, licence and the rebuild command are in ``models/data/README.md``; the files are produced
+    by ``models/data/build_corpora.py``.
+    """
+    if name not in CORPUS_PATHS:
+        raise ValueError(f"unknown corpus {name!r}; choose one of {', '.join(map(repr, CORPUS_PATHS))}")
+    with numpy.load(CORPUS_PATHS[name]) as d:
+        corpus = Corpus(
+            d["doc_sizes"],
+            d["word_ids"],
+            d["counts"],
+            _unpack_text(d["vocab"]),
+            _unpack_text(d["titles"]) if "titles" in d else None,
+        )
+        expected = (int(d["num_documents"]), int(d["vocab_size"]), int(d["num_tokens"]))
+    if (corpus.num_documents, corpus.vocab_size, corpus.num_tokens) != expected:
+        raise RuntimeError(f"{CORPUS_PATHS[name]} is inconsistent: rebuild it with models/data/build_corpora.py")
+    return corpus

@@ -40,3 +40,51 @@ def positive_int(name, value, kernel):
     if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
         raise ValueError(f"{kernel}: `{name}` must be a positive integer, got {value!r}.")
     return int(value)
+
+
+def non_negative(name, value, kernel):
+    """A finite real number ``>= 0``."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{kernel}: `{name}` must be a finite non-negative number, got {value!r}.")
+    return float(value)
+
+
+def finite(name, value, kernel):
+    """A finite real number."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(f"{kernel}: `{name}` must be a finite number, got {value!r}.")
+    return float(value)
+
+
+def int_at_least(name, value, minimum, kernel):
+    """An integer ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{kernel}: `{name}` must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def positive_definite(name, value, kernel):
+    """A positive scalar, a vector of positive diagonal entries, or a symmetric positive-definite matrix;
+    returned as a float64 NumPy array."""
+    import numpy as np
+
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        array = None
+    if array is None or array.ndim > 2 or not np.all(np.isfinite(array)):
+        raise ValueError(
+            f"{kernel}: `{name}` must be a positive scalar, a vector of positive diagonal entries or a symmetric "
+            f"positive-definite matrix, got {value!r}."
+        )
+    if array.ndim < 2:
+        if not np.all(array > 0):
+            raise ValueError(f"{kernel}: `{name}` must have positive entries, got {value!r}.")
+        return array
+    if array.shape[0] != array.shape[1] or not np.allclose(array, array.T, rtol=1e-6, atol=0):
+        raise ValueError(f"{kernel}: `{name}` must be a square symmetric matrix, got shape {array.shape}.")
+    try:
+        np.linalg.cholesky(array)
+    except np.linalg.LinAlgError:
+        raise ValueError(f"{kernel}: `{name}` must be positive definite (its Cholesky factorisation failed).") from None
+    return array

@@ -17,6 +17,7 @@ from numpyro.util import is_prng_key
 
 from ppl_sgmcmc import _checks
 from ppl_sgmcmc.numpyro.handlers import full_data
+from ppl_sgmcmc.numpyro import gibbs
 from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors
 
 
@@ -72,10 +73,20 @@ class SGMCMCKernel(MCMCKernel):
         iteration per draw (about 0.1 ms here, several times a minibatch step), and ``MCMC``'s own
         ``thinning`` does not change that; ``k = 10`` to ``100`` amortises it.
     :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
+    :param gibbs_sites: names of local latent sites inside the subsampled plate (e.g. discrete topic
+        assignments) that ``gibbs_fn`` updates for each minibatch; the stochastic gradient then averages
+        the log joint's gradient over their sweeps (Fisher identity). See :mod:`ppl_sgmcmc.numpyro.gibbs`
+        for the contract.
+    :param gibbs_fn: ``gibbs_fn(rng_key, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites``, one
+        conditional sweep of the local sites of the minibatch (data by closure, as for ``HMCGibbs``).
+    :param gibbs_sweeps: ``(burn_in, kept)`` sweeps per gradient (default ``(5, 5)``).
+    :param gibbs_init: optional ``gibbs_init(rng_key, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites``
+        giving the sweeps' starting point from the local sites' prior draw (default: start at the prior draw).
     """
 
     sample_field = "z"
     rule = None  # a module of ppl_sgmcmc.rules, set by subclasses
+    constrained = False  # True: the chain moves the latents in their own support (no transforms; SGRLD)
 
     def __init__(
         self,
@@ -87,6 +98,10 @@ class SGMCMCKernel(MCMCKernel):
         replace=True,
         steps_per_sample=1,
         init_strategy=init_to_uniform,
+        gibbs_sites=None,
+        gibbs_fn=None,
+        gibbs_sweeps=(5, 5),
+        gibbs_init=None,
     ):
         name = type(self).__name__
         if (model is None) == (potential_fn is None):
@@ -101,6 +116,9 @@ class SGMCMCKernel(MCMCKernel):
         self._replace = bool(replace)
         self._steps_per_sample = _checks.positive_int("steps_per_sample", steps_per_sample, name)
         self._init_strategy = init_strategy
+        self._gibbs = gibbs.check_options(
+            gibbs_sites, gibbs_fn, gibbs_sweeps, name, has_model=model is not None, gibbs_init=gibbs_init
+        )
         self._target = None
         self._sample_fn = None
 
@@ -153,6 +171,14 @@ class SGMCMCKernel(MCMCKernel):
         """The step size ``h_i`` of step ``i``."""
         return self._step_size(i) if callable(self._step_size) else jnp.asarray(self._step_size)
 
+    def _make_target(self, model_args, model_kwargs, rng_key):
+        """The model's stochastic potential: a :class:`ModelTarget`, or a :class:`~ppl_sgmcmc.numpyro.gibbs.GibbsTarget`
+        with local Gibbs sites; in the latents' own space if :attr:`constrained`."""
+        args = (self._model, model_args, model_kwargs, rng_key, self._replace, type(self).__name__)
+        if self._gibbs is None:
+            return ModelTarget(*args, constrained=self.constrained)
+        return gibbs.GibbsTarget(*args, *self._gibbs, constrained=self.constrained)
+
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         name = type(self).__name__
         model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
@@ -162,14 +188,7 @@ class SGMCMCKernel(MCMCKernel):
         else:
             rng_key, key_init = random.split(rng_key)
         if self._model is not None:
-            self._target = ModelTarget(
-                self._model,
-                model_args,
-                model_kwargs,
-                key_init if not vectorized else key_init[0],
-                self._replace,
-                name,
-            )
+            self._target = self._make_target(model_args, model_kwargs, key_init if not vectorized else key_init[0])
         else:
             self._target = PotentialTarget(self._potential_fn, name)
         if init_params is None:

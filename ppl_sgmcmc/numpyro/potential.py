@@ -23,7 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro.handlers import seed, substitute, trace
+from numpyro.primitives import Messenger
 from numpyro.infer.gibbs import subsample_plate_sizes
+from numpyro.distributions.transforms import biject_to
 from numpyro.infer.util import _unconstrain_reparam, compute_log_probs, constrain_fn, initialize_model
 
 from ppl_sgmcmc.numpyro import minibatch
@@ -63,13 +65,45 @@ def _first_rows(msg):
     return None
 
 
-class ModelTarget:
-    """The subsampled potential of a NumPyro model (see the module docstring)."""
+def _values_and_deterministic(model, model_args, model_kwargs, values):
+    """The latent ``values`` (already in their supports) and the deterministic sites they imply."""
+    model_trace = trace(substitute(model, data=values)).get_trace(*model_args, **model_kwargs)
+    return {
+        name: site["value"]
+        for name, site in model_trace.items()
+        if name in values or site["type"] == "deterministic"
+    }
 
-    def __init__(self, model, model_args, model_kwargs, rng_key, replace, kernel_name):
+
+class _one_index(Messenger):
+    """Runs the model on one datum of a subsampled plate: the plate's indices become ``index[None]``
+    (so the plate scales its sites by ``N/1``)."""
+
+    def __init__(self, fn, plate, index):
+        self.plate = plate
+        self.index = index
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "plate" and msg["name"] == self.plate:
+            msg["value"] = self.index[None]
+            msg["args"] = (msg["args"][0], 1)
+
+
+class ModelTarget:
+    """The subsampled potential of a NumPyro model (see the module docstring).
+
+    With :attr:`per_example_scores` set (see :meth:`enable_per_example_scores`), :meth:`gradient` also
+    returns the ``n×d`` per-datum scores of the minibatch (``StochasticGradient.per_example``)."""
+
+    per_example_scores = False
+
+    def __init__(self, model, model_args, model_kwargs, rng_key, replace, kernel_name, constrained=False):
         self.model = model
         self.replace = replace
         self.kernel_name = kernel_name
+        # position in the latents' own (constrained) space: no transforms, no log-Jacobian (SGRLD)
+        self.constrained = constrained
         with model_errors(kernel_name, "tracing the model"):
             model_trace = trace(seed(substitute(model, substitute_fn=_first_rows), rng_key)).get_trace(
                 *model_args, **model_kwargs
@@ -81,6 +115,12 @@ class ModelTarget:
             if site["type"] == "sample" and any(f.name in self.plate_sizes for f in site["cond_indep_stack"])
         )
         self._check_sites(model_trace)
+        # the supports of the latents the chain moves (the global sample sites)
+        self.latent_supports = {
+            name: site["fn"].support
+            for name, site in model_trace.items()
+            if site["type"] == "sample" and not site["is_observed"] and name not in self.data_sites
+        }
         if not self.plate_sizes:
             warnings.warn(
                 f"{kernel_name}: the model has no plate with `subsample_size` smaller than its size, so every "
@@ -100,7 +140,8 @@ class ModelTarget:
                 raise NotImplementedError(
                     f"{self.kernel_name}: latent site {name!r} is discrete ({type(site['fn']).__name__}); "
                     "SG-MCMC kernels move continuous latents only. Marginalise it out of the model, or observe "
-                    "it (a Gibbs step for local discrete sites is planned)."
+                    "it; a local discrete site inside a subsampled plate can be updated by a Gibbs step instead "
+                    "(`gibbs_sites=[name], gibbs_fn=...`; see ppl_sgmcmc.numpyro.gibbs)."
                 )
             if name in self.data_sites:
                 plates = [f.name for f in site["cond_indep_stack"] if f.name in self.plate_sizes]
@@ -131,7 +172,20 @@ class ModelTarget:
             model_args=model_args,
             model_kwargs=model_kwargs,
         )
-        return info.param_info.z
+        return self._to_position(info.param_info.z)
+
+    def _to_position(self, unconstrained):
+        """Unconstrained values as the chain's position: themselves, or mapped to the support if :attr:`constrained`."""
+        if not self.constrained:
+            return unconstrained
+        return {name: biject_to(self.latent_supports[name])(value) for name, value in unconstrained.items()}
+
+    def _with_latents(self, model, z):
+        """``model`` with the chain's latent values ``z`` substituted: unconstrained values through the
+        supports' transforms (adding the log-Jacobian), or, if :attr:`constrained`, as they are."""
+        if self.constrained:
+            return substitute(model, data=z)
+        return substitute(model, substitute_fn=partial(_unconstrain_reparam, z))
 
     def init_batch(self, rng_key):
         key = rng_key if rng_key.ndim == 1 else rng_key[0]
@@ -142,7 +196,7 @@ class ModelTarget:
 
     def _energies(self, z, batch, model_args, model_kwargs):
         """``(prior part, data part)`` of ``Ũ_t(z)``; the data part holds the sites in subsampled plates."""
-        model = substitute(substitute(self.model, data=batch), substitute_fn=partial(_unconstrain_reparam, z))
+        model = self._with_latents(substitute(self.model, data=batch), z)
         log_probs, _ = compute_log_probs(model, model_args, model_kwargs, {})
         prior = sum((v for k, v in log_probs.items() if k not in self.data_sites), start=0.0)
         data = sum((v for k, v in log_probs.items() if k in self.data_sites), start=0.0)
@@ -159,10 +213,52 @@ class ModelTarget:
         value, grad = jax.value_and_grad(energy)(flat)
         # ḡ = -∇(data part)/N; XLA drops this prior gradient for rules that do not read the score
         score = -(grad - jax.grad(prior_energy)(flat)) / self.data_size
-        return StochasticGradient(value, grad, score)
+        if not self.per_example_scores:
+            return StochasticGradient(value, grad, score)
+        return StochasticGradient(value, grad, score, self.per_example(flat, unravel, batch, model_args, model_kwargs))
+
+    def enable_per_example_scores(self):
+        """Make :meth:`gradient` return per-datum scores, for rules with ``PER_EXAMPLE_SCORES`` (SGFS).
+
+        They are defined for one subsampled plate of at least 2 elements; anything else raises."""
+        if len(self.plate_sizes) != 1:
+            found = ", ".join(map(repr, self.plate_sizes)) or "none"
+            raise ValueError(
+                f"{self.kernel_name}: per-datum scores need exactly one plate with `subsample_size` around the "
+                f"likelihood (found: {found}). Declare `numpyro.plate(name, N, subsample_size=n)` with n >= 2 "
+                "around all observed sites."
+            )
+        ((name, (_, n)),) = self.plate_sizes.items()
+        if n < 2:
+            raise ValueError(
+                f"{self.kernel_name}: plate {name!r} has subsample_size {n}; the empirical Fisher needs n >= 2 "
+                "(the paper recommends n >= 100)."
+            )
+        self.per_example_scores = True
+
+    def per_example(self, flat, unravel, batch, model_args, model_kwargs):
+        """The ``n×d`` per-datum scores ``∇_x log p(x_i | x)`` of the minibatch (``x``: the chain's position).
+
+        One datum ``i`` is the model traced with its plate holding the single index ``i`` (scale ``N``),
+        its data sites' log-density divided by ``N``; ``jax.vmap`` over the minibatch's indices of
+        ``jax.grad`` of that costs one batched forward and backward pass, like the minibatch gradient
+        (``jax.jacrev`` of the batch's ``n`` log-likelihoods would cost ``n`` backward passes). Row ``i``
+        is the gradient of the data site terms of datum ``i``: any user ``scale`` handler is kept, the
+        plate's ``N/n`` is not, so the rows sum to ``(n/N)`` times the minibatch gradient of the data part
+        and average to ``score``."""
+        ((plate, (size, _)),) = self.plate_sizes.items()
+
+        def log_lik(x, index):
+            model = self._with_latents(_one_index(self.model, plate, index), unravel(x))
+            log_probs, _ = compute_log_probs(model, model_args, model_kwargs, {})
+            return sum((v for k, v in log_probs.items() if k in self.data_sites), start=0.0) / size
+
+        return jax.vmap(jax.grad(log_lik), in_axes=(None, 0))(flat, batch[plate])
 
     def postprocess_fn(self, model_args, model_kwargs):
         """Map unconstrained samples to constrained values and deterministic sites (on the full data)."""
+        if self.constrained:
+            return partial(_values_and_deterministic, full_data(self.model), model_args, model_kwargs)
         return partial(constrain_fn, full_data(self.model), model_args, model_kwargs, return_deterministic=True)
 
 

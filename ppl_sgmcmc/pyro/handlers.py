@@ -43,14 +43,19 @@ class subsample_plates(Messenger):
     def __init__(self, indices=None):
         super().__init__()
         self.indices = indices
+        self.fixed = {}  # {name: (N, n)} of the plates this handler gave indices to
 
     def _pyro_sample(self, msg):
         if msg["value"] is not None or not is_subsample_site(msg):
             return
+        fn = msg["fn"]
         if self.indices is None:
-            msg["value"] = torch.arange(msg["fn"].subsample_size, device=msg["fn"].device)
+            msg["value"] = torch.arange(fn.subsample_size, device=fn.device)
         elif msg["name"] in self.indices:
             msg["value"] = self.indices[msg["name"]]
+        else:
+            return
+        self.fixed[msg["name"]] = (fn.size, fn.subsample_size)
 
 
 _FULL_PLATE_CLASSES = {}

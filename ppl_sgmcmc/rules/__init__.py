@@ -21,6 +21,9 @@ from typing import NamedTuple
 from array_api_compat import array_namespace
 
 from ppl_sgmcmc.rules import psgld, sghmc, sgld, sgnht
+from ppl_sgmcmc.rules import sgfs
+from ppl_sgmcmc.rules import csgld
+from ppl_sgmcmc.rules import sgrld
 
 
 class StochasticGradient(NamedTuple):
@@ -30,11 +33,15 @@ class StochasticGradient(NamedTuple):
     ``grad``: ``∇Ũ_t(x)``.
     ``score``: the mean per-datum log-likelihood gradient ``ḡ_t = (1/n) Σ_{i∈S_t} ∇ log p(x_i|x)``
     (used by preconditioned rules; equal to ``-grad`` for targets without data).
+    ``per_example``: the ``n×d`` matrix of per-datum log-likelihood gradients ``∇ log p(x_i|x)``,
+    ``i ∈ S_t`` (rows average to ``score``), or ``None``. Backends compute it only for rule modules
+    that declare ``PER_EXAMPLE_SCORES = True`` (SGFS); it costs a per-datum gradient pass.
     """
 
     energy: object
     grad: object
     score: object
+    per_example: object = None
 
 
-__all__ = ["StochasticGradient", "array_namespace", "psgld", "sghmc", "sgld", "sgnht"]
+__all__ = ["StochasticGradient", "array_namespace", "csgld", "psgld", "sgfs", "sghmc", "sgld", "sgnht", "sgrld"]

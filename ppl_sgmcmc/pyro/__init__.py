@@ -1,0 +1,31 @@
+"""SG-MCMC kernels for Pyro's :class:`pyro.infer.MCMC`.
+
+The same algorithms, arguments and update rules as :mod:`ppl_sgmcmc.numpyro`::
+
+    from pyro.infer import MCMC
+    from ppl_sgmcmc.pyro import SGNHT
+
+    mcmc = MCMC(SGNHT(model, step_size=1e-3), warmup_steps=1000, num_samples=3000, num_chains=2)
+    mcmc.run(X, y)
+    mcmc.summary()
+    idata = arviz.from_pyro(mcmc)   # full-data log_likelihood and observed_data
+"""
+
+from ppl_sgmcmc.pyro.handlers import FullDataModel, full_data, subsample_plates
+from ppl_sgmcmc.pyro.inference_data import full_data_log_likelihood, to_inference_data
+from ppl_sgmcmc.pyro.kernel import SGMCMCKernel, SGMCMCState
+from ppl_sgmcmc.pyro.kernels import PSGLD, SGHMC, SGLD, SGNHT
+
+__all__ = [
+    "FullDataModel",
+    "PSGLD",
+    "SGHMC",
+    "SGLD",
+    "SGMCMCKernel",
+    "SGMCMCState",
+    "SGNHT",
+    "full_data",
+    "full_data_log_likelihood",
+    "subsample_plates",
+    "to_inference_data",
+]

@@ -1,0 +1,116 @@
+"""ArviZ InferenceData from an SG-MCMC run, with the pointwise log-likelihood on the full data.
+
+``arviz.from_pyro(mcmc)`` already works with these kernels: it reads ``mcmc.kernel.model``, which
+is the model's full-data view (:class:`~ppl_sgmcmc.pyro.handlers.FullDataModel`), so
+``log_likelihood`` and ``observed_data`` cover all ``N`` data points instead of one random
+minibatch. Two quirks of ``from_pyro`` remain, which :func:`to_inference_data` fixes: it treats
+``pyro.deterministic`` sites as observed data (they get a ``log_likelihood`` of zeros, and
+``az.loo`` then asks which variable to use), and it evaluates the log-likelihood of all draws at
+once (``chains × draws × N`` values and the model's intermediates in memory).
+"""
+
+import arviz as az
+import numpy as np
+import pyro
+import torch
+from pyro import poutine
+from pyro.infer import Predictive
+
+from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
+
+__all__ = ["full_data_log_likelihood", "to_inference_data"]
+
+
+def _check(mcmc):
+    if not isinstance(getattr(mcmc, "kernel", None), SGMCMCKernel) or mcmc.kernel.model is None:
+        raise TypeError("expected an `MCMC` run with a ppl_sgmcmc kernel built from a model.")
+
+
+def _observed_sites(mcmc):
+    """Names of the observed sites of the model that are data (not ``pyro.deterministic``)."""
+    with torch.no_grad(), poutine.block():
+        model_trace = poutine.trace(mcmc.kernel.model).get_trace(*mcmc._args, **mcmc._kwargs)
+    return [
+        name
+        for name, site in model_trace.nodes.items()
+        if site["type"] == "sample" and site["is_observed"] and not site["infer"].get("_deterministic")
+    ]
+
+
+def full_data_log_likelihood(mcmc, chunk_size=256):
+    """Pointwise log-likelihood of every observed site on all of its data, for every draw.
+
+    :param mcmc: a finished :class:`pyro.infer.MCMC` run of an SG-MCMC kernel.
+    :param int chunk_size: draws evaluated at once; bounds the peak memory to about
+        ``chunk_size × N`` values (times the model's intermediates) beyond the result.
+    :return: ``{site: array of shape (num_chains, num_draws, *site_shape)}`` (NumPy), shaped as
+        ``arviz.from_pyro`` shapes it.
+    """
+    _check(mcmc)
+    names = _observed_sites(mcmc)
+    samples = mcmc.get_samples(group_by_chain=True)  # deterministic sites too: Predictive conditions on them
+    num_chains, num_draws = next(iter(samples.values())).shape[:2]
+    flat = {k: v.reshape((num_chains * num_draws,) + v.shape[2:]) for k, v in samples.items()}
+    chunks = []
+    with torch.no_grad(), poutine.block():
+        for start in range(0, num_chains * num_draws, chunk_size):
+            chunk = {k: v[start : start + chunk_size] for k, v in flat.items()}
+            model_trace = Predictive(mcmc.kernel.model, chunk).get_vectorized_trace(*mcmc._args, **mcmc._kwargs)
+            chunks.append(
+                {
+                    name: model_trace.nodes[name]["fn"].log_prob(model_trace.nodes[name]["value"]).cpu().numpy()
+                    for name in names
+                }
+            )
+    return {
+        name: np.concatenate([c[name] for c in chunks]).reshape((num_chains, num_draws) + chunks[0][name].shape[1:])
+        for name in names
+    }
+
+
+def to_inference_data(mcmc, log_likelihood=True, chunk_size=256, **kwargs):
+    """``arviz.from_pyro`` for SG-MCMC runs.
+
+    - ``log_likelihood``: the full-data pointwise log-likelihood of the observed sites (deterministic
+      sites left out), computed ``chunk_size`` draws at a time (see :func:`full_data_log_likelihood`);
+      ``False`` skips it (for very large ``N``).
+    - ``observed_data`` holds the observed sites on their full data, without deterministic sites.
+    - ``sample_stats.diverging`` marks the rejected non-finite steps among the draws.
+
+    Other keyword arguments go to :func:`arviz.from_pyro` (``coords``, ``dims``, ...).
+
+    **Example**::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> from ppl_sgmcmc.pyro import SGLD
+        >>> def model(y):
+        ...     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        ...     with pyro.plate("data", y.shape[0], subsample_size=10):
+        ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+        >>> mcmc = MCMC(SGLD(model, step_size=1e-3), warmup_steps=100, num_samples=100, disable_progbar=True)
+        >>> mcmc.run(torch.zeros(1000))
+        >>> idata = to_inference_data(mcmc, chunk_size=50)
+        >>> idata.log_likelihood["y"].shape, idata.observed_data["y"].shape
+        ((1, 100, 1000), (1000,))
+    """
+    _check(mcmc)
+    idata = az.from_pyro(mcmc, log_likelihood=False, **kwargs)
+    names = _observed_sites(mcmc)
+    if "observed_data" in idata.groups():
+        observed = idata.observed_data.drop_vars([name for name in idata.observed_data.data_vars if name not in names])
+        used = {dim for name in observed.data_vars for dim in observed[name].dims}
+        idata.observed_data = observed.drop_dims([dim for dim in observed.dims if dim not in used])
+    if log_likelihood:
+        pointwise = full_data_log_likelihood(mcmc, chunk_size)
+        dims, coords = {}, {}
+        if "observed_data" in idata.groups():
+            observed = idata.observed_data
+            for name in pointwise:
+                if name in observed and observed[name].shape == pointwise[name].shape[2:]:
+                    dims[name] = list(observed[name].dims)
+                    coords.update({dim: observed[dim].values for dim in observed[name].dims if dim in observed.coords})
+        idata.add_groups(
+            log_likelihood=az.dict_to_dataset(pointwise, library=pyro, dims=dims, coords=coords or None)
+        )
+    return idata

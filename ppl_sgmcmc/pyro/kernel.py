@@ -1,0 +1,318 @@
+"""The base class of the Pyro SG-MCMC kernels: state, step, divergence handling, diagnostics.
+
+An algorithm subclass names its update rule (a module of :mod:`ppl_sgmcmc.rules`) and its
+validated hyper-parameters; everything else is here. It mirrors
+:class:`ppl_sgmcmc.numpyro.kernel.SGMCMCKernel` under Pyro's stateful kernel protocol:
+``setup(warmup_steps, *args)``, ``initial_params``, ``sample(params) -> params``, ``logging()``,
+``diagnostics()`` and ``cleanup()``.
+"""
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+import torch
+from pyro.infer.autoguide.initialization import init_to_uniform
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
+
+from ppl_sgmcmc import _checks
+from ppl_sgmcmc.pyro.handlers import FullDataModel, as_tensors
+from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
+
+__all__ = ["SGMCMCKernel", "SGMCMCState"]
+
+
+class SGMCMCState(NamedTuple):
+    """State of an SG-MCMC chain after a step (the kernel's :attr:`~SGMCMCKernel.state`).
+
+    - **i**: the number of steps taken (warm-up included); the step-size schedule is ``h_i``.
+    - **z**: the latent values in unconstrained space, ``{site: tensor}``.
+    - **rule_state**: the update rule's auxiliary state, e.g. ``momentum`` and ``thermostat``.
+    - **potential_energy**: the *minibatch estimate* ``Ũ_t`` at the point where the step took its
+      gradient; noisy and scaled to the full data, not the exact potential ``U``.
+    - **step_size**: the step size ``h`` the last step used.
+    - **diverging**: whether the last step's gradient or new state was non-finite; the step was then
+      rejected and the chain kept its last finite state.
+    - **num_diverging**: the number of rejected steps so far (warm-up included).
+    - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.pyro.minibatch`).
+    """
+
+    i: int
+    z: dict
+    rule_state: NamedTuple
+    potential_energy: torch.Tensor
+    step_size: float
+    diverging: bool
+    num_diverging: int
+    batch_state: NamedTuple
+
+
+class SGMCMCKernel(MCMCKernel):
+    """Base class: an SG-MCMC algorithm as a :class:`pyro.infer.mcmc.mcmc_kernel.MCMCKernel`.
+
+    Each call of :meth:`sample` draws a fresh minibatch for every subsampled plate of the model from
+    the chain's own ``torch.Generator`` (seeded from Pyro's global RNG at :meth:`setup`, so
+    ``pyro.set_rng_seed`` makes runs reproducible) and applies the subclass's update rule once,
+    with one stochastic gradient ``∇Ũ_t``. Warm-up steps are burn-in: Pyro's ``MCMC`` discards them;
+    nothing adapts (the step-size schedule runs on through them). A step whose gradient or new state
+    is not finite is rejected: the chain keeps its last state and the step is counted as a divergence.
+
+    :param model: a Pyro model; its plates with ``subsample_size`` set are subsampled.
+    :param potential_fn: instead of a model, an energy ``potential_fn(z)``, or ``potential_fn(z, generator)``
+        returning a stochastic estimate (``generator``: the chain's ``torch.Generator``); needs
+        ``initial_params`` in :class:`~pyro.infer.mcmc.api.MCMC`.
+    :param step_size: ``h``: a positive float, or a schedule ``t -> h_t`` (see :mod:`ppl_sgmcmc.schedules`).
+    :param temperature: ``τ``; the target is ``exp(-U/τ)``.
+    :param replace: draw minibatch indices with replacement (default), or reshuffle each epoch.
+    :param steps_per_sample: SG-MCMC steps per call of :meth:`sample` (default 1), i.e. per draw that
+        Pyro's ``MCMC`` counts and keeps: with ``k`` here, ``MCMC(warmup_steps=W, num_samples=S)`` takes
+        ``k (W + S)`` steps and keeps every ``k``-th state. Pyro's ``MCMC`` has no thinning, and per
+        draw it logs the progress-bar string and copies the sample (about 0.1 ms, comparable to a small
+        model's step); ``k > 1`` amortises that and thins.
+    :param init_strategy: a Pyro init strategy (default ``init_to_uniform``, values uniform in (-2, 2)
+        in unconstrained space).
+    :param compile_potential: trace the potential and its gradient once into a graph of tensor
+        operations and replay it every step (default; see :mod:`~ppl_sgmcmc.pyro.compile`); falls back
+        to running the model eagerly, with a warning, if the model cannot be traced. ``False`` runs
+        the model through Pyro's handlers every step.
+
+    Deterministic sites are evaluated on the full data at every collected (post-warm-up) step and
+    returned with the samples.
+    """
+
+    rule = None  # a module of ppl_sgmcmc.rules, set by subclasses
+    needs_score = False  # whether the rule reads the mean per-datum score ḡ_t (costs a second backward pass)
+    diagnostics_every = 100  # steps between refreshes of the progress-bar string
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        *,
+        step_size,
+        temperature=1.0,
+        replace=True,
+        steps_per_sample=1,
+        init_strategy=init_to_uniform,
+        compile_potential=True,
+    ):
+        name = type(self).__name__
+        if (model is None) == (potential_fn is None):
+            raise ValueError(f"{name}: give exactly one of `model` and `potential_fn`.")
+        for arg, fn in (("model", model), ("potential_fn", potential_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name}: `{arg}` must be callable, got {type(fn).__name__}.")
+        self._model = model
+        self._full_data_model = None if model is None else FullDataModel(model)
+        self._potential_fn = potential_fn
+        self._step_size = _checks.step_size(step_size, name)
+        self._temperature = _checks.positive("temperature", temperature, name)
+        self._replace = bool(replace)
+        self._steps_per_sample = _checks.positive_int("steps_per_sample", steps_per_sample, name)
+        self._init_strategy = init_strategy
+        self._compile = bool(compile_potential)
+        self.transforms = None  # {site: constrained -> unconstrained}, set by `setup`; read by MCMC
+        self._initial_params = None
+        self._warned_no_plate = False
+        self._release()
+        self._divergences = []
+        self._num_diverging = 0
+
+    # --- what subclasses provide -------------------------------------------------------------
+    def hyperparameters(self):
+        """The rule's keyword arguments besides ``step_size`` (``temperature`` included)."""
+        return {"temperature": self._temperature}
+
+    def _logging_items(self, state):
+        return OrderedDict(
+            [
+                ("Ũ_t", f"{float(state.potential_energy):.4g}"),
+                ("h", f"{state.step_size:.2e}"),
+                ("div", state.num_diverging),
+            ]
+        )
+
+    # --- models ------------------------------------------------------------------------------
+    @property
+    def model(self):
+        """The model on its full data (see :func:`~ppl_sgmcmc.pyro.handlers.full_data`): what ArviZ,
+        ``Predictive`` and deterministic sites should see. The subsampled model is :attr:`subsampled_model`."""
+        return self._full_data_model
+
+    @property
+    def subsampled_model(self):
+        """The model as declared, with its subsampled plates."""
+        return self._model
+
+    @property
+    def potential_fn(self):
+        return self._potential_fn
+
+    def step_size_at(self, i):
+        """The step size ``h_i`` of step ``i``, a float."""
+        return float(self._step_size(i)) if callable(self._step_size) else self._step_size
+
+    @property
+    def state(self):
+        """The chain's :class:`SGMCMCState` after the last step (``None`` before the first); read it
+        from a ``hook_fn`` to follow e.g. the thermostat."""
+        return self._state
+
+    # --- pyro.infer.mcmc.mcmc_kernel.MCMCKernel ----------------------------------------------
+    @property
+    def initial_params(self):
+        """Unconstrained initial values (and the deterministic sites there, which Pyro's ``MCMC`` uses
+        to know what each sample holds)."""
+        if self._initial_params is None or self._target is None:
+            return self._initial_params
+        return {**self._initial_params, **self._initial_deterministic}
+
+    @initial_params.setter
+    def initial_params(self, params):
+        self._initial_params = None if params is None else dict(params)
+
+    def setup(self, warmup_steps, *args, **kwargs):
+        """Start a chain on the model's arguments: read the model's structure from a prototype trace,
+        find initial values (unless ``initial_params`` were set), check the full-data view, and seed the
+        chain's generator from Pyro's global RNG. ``warmup_steps`` draws are burn-in."""
+        name = type(self).__name__
+        self._warmup_steps = warmup_steps
+        args, kwargs = as_tensors(args), as_tensors(kwargs)
+        if self._model is not None:
+            target = ModelTarget(
+                self._model, args, kwargs, self._replace, name, self._init_strategy, self._compile,
+                warn_no_plate=not self._warned_no_plate,
+            )  # fmt: skip
+            self._warned_no_plate = self._warned_no_plate or not target.plate_sizes
+            if self._initial_params is None:
+                self._initial_params = target.initial_params()
+            else:
+                missing = [k for k in target.layout.names if k not in self._initial_params]
+                if missing:
+                    raise ValueError(
+                        f"{name}: `initial_params` lacks the latent site(s) {', '.join(map(repr, missing))}; give "
+                        "unconstrained values for every latent site."
+                    )
+                self._initial_params = {k: v for k, v in self._initial_params.items() if k in target.layout.shapes}
+        else:
+            target = PotentialTarget(self._potential_fn, name)
+            if self._initial_params is None:
+                target.initial_params()  # raises: a potential_fn needs initial parameters
+            self._initial_params = {k: torch.as_tensor(v) for k, v in self._initial_params.items()}
+            target.set_layout(self._initial_params)
+        self._target = target
+        self.transforms = target.transforms
+        self._initial_deterministic = target.check_full_data(target.layout.ravel(self._initial_params))
+        self._generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
+        self._hyper = self.hyperparameters()
+        self._state = None
+        self._draws = 0
+        self._divergences = []
+        self._num_diverging = 0
+        self._logging = None
+
+    def sample(self, params):
+        """``steps_per_sample`` steps of the chain; returns the new unconstrained latent values (and,
+        after warm-up, the deterministic sites). ``params`` is used only by the first call after
+        :meth:`setup` (it is the chain's start); later calls continue from the kernel's own state."""
+        if self._target is None:
+            raise RuntimeError(f"{type(self).__name__}: call `setup` before `sample`.")
+        if self._state is None:
+            self._start(params)
+        diverging = False
+        for _ in range(self._steps_per_sample):
+            diverging |= self._step()
+        draw, self._draws = self._draws, self._draws + 1
+        z = self._target.layout.unravel(self._flat)
+        self._state = self._state._replace(z=z, diverging=diverging)
+        if diverging and draw >= self._warmup_steps:
+            self._divergences.append(draw - self._warmup_steps)
+        if draw >= self._warmup_steps and self._target.deterministic_sites:
+            return {**z, **self._target.deterministic(self._flat)}
+        return dict(z)
+
+    def _step(self):
+        """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite.
+        Returns whether the step was rejected."""
+        state, flat = self._state, self._flat
+        batch, batch_state = self._target.draw(self._generator, state.batch_state)
+        step_size = self.step_size_at(state.i)
+        new_flat, rule_state, gradient = self.rule.step(
+            flat,
+            state.rule_state,
+            lambda x: self._target.gradient(x, batch, self.needs_score),
+            self._normal(flat),
+            step_size,
+            **self._hyper,
+        )
+        # one reduction: a sum is finite only if its terms are (a non-finite gradient reaches the new state)
+        total = gradient.energy + new_flat.sum()
+        for leaf in rule_state:
+            total = total + leaf.sum()
+        if bool(torch.isfinite(total)):
+            self._flat = new_flat
+            energy, diverging = gradient.energy, False
+        else:
+            rule_state, energy, diverging = state.rule_state, state.potential_energy, True
+            self._num_diverging += 1
+        # z is filled in once per draw, by `sample`
+        self._state = SGMCMCState(
+            state.i + 1, None, rule_state, energy, step_size, diverging, self._num_diverging, batch_state
+        )
+        return diverging
+
+    def _start(self, params):
+        params = self._initial_params if params is None else params
+        flat = self._target.layout.ravel({name: params[name] for name in self._target.layout.names})
+        flat = flat.to(torch.get_default_dtype()) if not flat.is_floating_point() else flat
+        self._flat = flat
+        self._state = SGMCMCState(
+            i=0,
+            z=self._target.layout.unravel(flat),
+            rule_state=self.rule.init(flat, self._normal(flat), **self._hyper),
+            potential_energy=torch.full((), float("nan"), dtype=flat.dtype),
+            step_size=self.step_size_at(0),
+            diverging=False,
+            num_diverging=0,
+            batch_state=self._target.init_batch(self._generator),
+        )
+
+    def _normal(self, like):
+        """Standard normal noise of the shape of ``like``, from the chain's generator."""
+        return torch.randn(like.shape, generator=self._generator, dtype=like.dtype).to(like.device)
+
+    def logging(self):
+        """The progress bar's postfix: ``Ũ_t``, the step size and the number of rejected steps,
+        refreshed every ``diagnostics_every`` steps (Pyro asks for it after every step)."""
+        state = self._state
+        if state is None:
+            return None
+        if self._logging is None or self._draws % self.diagnostics_every == 1 or self.diagnostics_every == 1:
+            self._logging = self._logging_items(state)
+        return self._logging
+
+    def diagnostics(self):
+        """``divergences``: the draws (post-warm-up indices) with a step rejected as non-finite,
+        as ``arviz.from_pyro`` and ``MCMC.summary`` expect; ``num_diverging``: all rejected steps,
+        warm-up included."""
+        return {"divergences": list(self._divergences), "num_diverging": self._num_diverging}
+
+    def cleanup(self):
+        """End of a chain: the next :meth:`setup` starts a new chain from new initial values."""
+        self._initial_params = None
+        self._release()
+
+    def _release(self):
+        self._target = None
+        self._generator = None
+        self._state = None
+        self._flat = None
+        self._logging = None
+        self._initial_deterministic = {}
+        self._warmup_steps = 0
+        self._draws = 0
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for key in ("_target", "_generator", "_state", "_flat", "_logging"):
+            state[key] = None
+        return state

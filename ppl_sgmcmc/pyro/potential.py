@@ -1,0 +1,473 @@
+"""The stochastic potential ``Ũ_t`` of a target, its gradient, and the minibatches it is built on.
+
+Two kinds of target share one interface, used by :class:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel`:
+
+* :class:`ModelTarget`: a Pyro model. Its subsampled plates, latent sites, their supports and shapes
+  are read once from a prototype trace. Each step the kernel draws the plates' indices
+  (:mod:`~ppl_sgmcmc.pyro.minibatch`) and the target runs the model under one light handler that
+  fixes the plates' indices, substitutes the latent values (``biject_to(support)`` of the
+  unconstrained ones) and sums the scaled log-densities, so the model's own ``N/n`` plate scale makes
+  ``Ũ_t(θ) = -log p(θ) - (N/n) Σ_{i∈S_t} log p(x_i | θ)``, in unconstrained space with the
+  log-Jacobian of the transforms. By default that evaluation and its gradient are traced once into a
+  graph of tensor operations (:mod:`~ppl_sgmcmc.pyro.compile`), which later steps replay without
+  running the model's Python code.
+* :class:`PotentialTarget`: a user-written energy ``potential_fn(z)``, or ``potential_fn(z, generator)``
+  returning a stochastic estimate ``Ũ_t(z)`` whose gradient is the stochastic gradient.
+
+``draw(generator, batch_state) -> (batch, batch_state)`` picks one step's data;
+``gradient(flat, batch) -> StochasticGradient`` evaluates it.
+"""
+
+import inspect
+import warnings
+from contextlib import contextmanager
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.distributions import constraints
+from pyro.distributions.transforms import biject_to
+from pyro.distributions.util import scale_and_mask
+from pyro.infer.autoguide.initialization import InitMessenger
+from pyro.poutine.messenger import Messenger
+
+from ppl_sgmcmc.pyro import compile as compile_
+from ppl_sgmcmc.pyro import minibatch
+from ppl_sgmcmc.pyro.handlers import full_data, is_subsample_site, subsample_plates
+from ppl_sgmcmc.rules import StochasticGradient
+
+MAX_INIT_ATTEMPTS = 100
+
+
+@contextmanager
+def model_errors(kernel_name, doing):
+    """Re-raise the errors a model commonly hits under a kernel with what is wrong and how to fix it."""
+    try:
+        yield
+    except NotImplementedError:  # a RuntimeError, raised with its own explanation (discrete or local latents)
+        raise
+    except (ValueError, TypeError, IndexError, RuntimeError) as err:
+        raise ValueError(
+            f"{kernel_name}: {doing} failed: {err}\nCheck that every array subsampled inside a plate has the "
+            "plate's size along the plate's dimension, and that the model runs on its data without the kernel."
+        ) from err
+
+
+def _discrete_latent_error(kernel_name, name, fn):
+    return NotImplementedError(
+        f"{kernel_name}: latent site {name!r} is discrete ({type(fn).__name__}); SG-MCMC kernels move "
+        "continuous latents only. Marginalise it out of the model, or observe it (a Gibbs step for local "
+        "discrete sites is planned)."
+    )
+
+
+class _Init(InitMessenger):
+    """The init strategy on continuous latents; a discrete latent is refused before the strategy
+    (which cannot handle it) fails with a less helpful message."""
+
+    def __init__(self, init_fn, kernel_name):
+        super().__init__(init_fn)
+        self.kernel_name = kernel_name
+
+    def _pyro_sample(self, msg):
+        if msg["value"] is None and type(msg["fn"]).__name__ != "_Subsample" and msg["fn"].support.is_discrete:
+            raise _discrete_latent_error(self.kernel_name, msg["name"], msg["fn"])
+        super()._pyro_sample(msg)
+
+
+class _LogDensity(Messenger):
+    """Runs a model once as a log-density: fixes the subsampled plates' indices, substitutes latent
+    values, and sums each site's scaled and masked ``log_prob``, split into the sites in subsampled
+    plates (``data``) and the others (``prior``); records the deterministic sites' values. With
+    ``log_density=False`` it only substitutes and records. Sites stop here: no outer handler sees them."""
+
+    def __init__(self, values, indices, data_sites, log_density=True):
+        super().__init__()
+        self.values = values
+        self.indices = indices
+        self.data_sites = data_sites
+        self.log_density = log_density
+        self.prior = []
+        self.data = []
+        self.deterministic = {}
+
+    def _pyro_sample(self, msg):
+        name = msg["name"]
+        if type(msg["fn"]).__name__ == "_Subsample":
+            if msg["value"] is None and name in self.indices:
+                msg["value"] = self.indices[name]
+            return
+        msg["stop"] = True
+        if msg["infer"].get("_deterministic"):
+            self.deterministic[name] = msg["value"]
+            return
+        if not msg["is_observed"]:
+            if name not in self.values:
+                raise KeyError(
+                    f"latent site {name!r} was not in the model's prototype trace: the kernels need a fixed set "
+                    "of latent sites."
+                )
+            msg["value"] = self.values[name]
+            msg["done"] = True
+        if self.log_density:
+            log_prob = scale_and_mask(msg["fn"].log_prob(msg["value"]), msg["scale"], msg["mask"]).sum()
+            (self.data if name in self.data_sites else self.prior).append(log_prob)
+
+
+def _total(terms, like):
+    return sum(terms[1:], terms[0]) if terms else like.new_zeros(())
+
+
+def _is_real(support):
+    return support is constraints.real or (
+        isinstance(support, constraints.independent) and support.base_constraint is constraints.real
+    )
+
+
+class _Layout:
+    """Where each latent site lives in the flat unconstrained vector (sites sorted by name, as
+    ``jax.flatten_util.ravel_pytree`` orders a dict), with its unconstrained shape, and the bijection
+    to its support."""
+
+    def __init__(self, shapes, supports):
+        self.names = sorted(shapes)
+        self.shapes = {name: torch.Size(shapes[name]) for name in self.names}
+        self.slices, start = {}, 0
+        for name in self.names:
+            size = self.shapes[name].numel()
+            self.slices[name] = (start, start + size)
+            start += size
+        self.size = start
+        self.bijections = {name: biject_to(supports[name]) for name in self.names}
+        self.real = {name for name in self.names if _is_real(supports[name])}
+
+    def unravel(self, flat):
+        return {name: flat[a:b].view(self.shapes[name]) for name, (a, b) in self.slices.items()}
+
+    def ravel(self, params):
+        if not self.names:
+            return torch.zeros(0)
+        return torch.cat([torch.as_tensor(params[name]).reshape(-1) for name in self.names])
+
+    def constrain(self, flat):
+        """Constrained values and the summed log-Jacobian of the unconstrained ``flat``."""
+        values, log_det = {}, []
+        for name, u in self.unravel(flat).items():
+            if name in self.real:
+                values[name] = u
+            else:
+                bijection = self.bijections[name]
+                values[name] = x = bijection(u)
+                log_det.append(bijection.log_abs_det_jacobian(u, x).sum())
+        return values, _total(log_det, flat)
+
+
+def _split_tensors(tree):
+    """``(tensors, rebuild)``: the tensor leaves of nested tuples, lists and dicts, and a function
+    putting new tensors in their places."""
+    tensors = []
+
+    def strip(node):
+        if isinstance(node, torch.Tensor):
+            tensors.append(node)
+            return _Slot(len(tensors) - 1)
+        if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
+            return type(node)(strip(x) for x in node)
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items()}
+        return node
+
+    skeleton = strip(tree)
+
+    def rebuild(new, node=skeleton):
+        if isinstance(node, _Slot):
+            return new[node.index]
+        if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
+            return type(node)(rebuild(new, x) for x in node)
+        if isinstance(node, dict):
+            return {k: rebuild(new, v) for k, v in node.items()}
+        return node
+
+    return tensors, rebuild
+
+
+class _Slot:
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+
+class ModelTarget:
+    """The subsampled potential of a Pyro model (see the module docstring)."""
+
+    def __init__(
+        self, model, model_args, model_kwargs, replace, kernel_name, init_strategy, compile=True, warn_no_plate=True
+    ):
+        self.model = model
+        self.model_args = model_args
+        self.model_kwargs = model_kwargs
+        self.replace = replace
+        self.kernel_name = kernel_name
+        self.init_strategy = init_strategy
+        model_trace, self.plate_sizes = self._prototype_trace()
+        self.data_sites = frozenset(
+            name
+            for name, site in model_trace.nodes.items()
+            if site["type"] == "sample"
+            and not is_subsample_site(site)
+            and any(f.name in self.plate_sizes for f in site["cond_indep_stack"])
+        )
+        latents = self._check_sites(model_trace)
+        self.deterministic_sites = [
+            name
+            for name, site in model_trace.nodes.items()
+            if site["type"] == "sample" and site["infer"].get("_deterministic")
+        ]
+        if not self.plate_sizes and warn_no_plate:
+            warnings.warn(
+                f"{kernel_name}: the model has no plate with `subsample_size` smaller than its size, so every "
+                "step uses the full-data gradient. Declare `pyro.plate(name, N, subsample_size=n)` around the "
+                "likelihood to use minibatches.",
+                stacklevel=5,
+            )
+        # the mean-score scale N (pSGLD, SGFS); with several subsampled plates the largest one
+        self.data_size = max((size for size, _ in self.plate_sizes.values()), default=1)
+        supports = {name: model_trace.nodes[name]["fn"].support for name in latents}
+        self.layout = _Layout(  # unconstrained shapes: a simplex of size k has k - 1 free coordinates
+            {name: biject_to(supports[name]).inv(model_trace.nodes[name]["value"]).shape for name in latents},
+            supports,
+        )
+        self.transforms = {name: bijection.inv for name, bijection in self.layout.bijections.items()}
+        self._prototype_values = {name: model_trace.nodes[name]["value"].detach() for name in latents}
+        self.first_batch = {
+            name: torch.arange(n) for name, (_, n) in self.plate_sizes.items()
+        }  # what the prototype trace used
+        self.compile = compile
+        self._compiled = {}  # ("gradient", with_score) or ("deterministic",) -> traced graph, or None
+
+    # --- structure -----------------------------------------------------------------------------
+    def _prototype_trace(self):
+        """A trace at the init strategy's values, plates on their first ``n`` indices (no O(N) draw)."""
+        plates = subsample_plates(None)
+        traced = poutine.trace(plates(_Init(self.init_strategy, self.kernel_name)(self.model)))
+        with model_errors(self.kernel_name, "tracing the model"), pyro.validation_enabled(True):
+            model_trace = traced.get_trace(*self.model_args, **self.model_kwargs)
+        return model_trace, plates.fixed
+
+    def _check_sites(self, model_trace):
+        latents = []
+        for name, site in model_trace.nodes.items():
+            if site["type"] != "sample" or site["is_observed"] or type(site["fn"]).__name__ == "_Subsample":
+                continue
+            if site["fn"].support.is_discrete:
+                raise _discrete_latent_error(self.kernel_name, name, site["fn"])
+            if name in self.data_sites:
+                plates = [f.name for f in site["cond_indep_stack"] if f.name in self.plate_sizes]
+                raise NotImplementedError(
+                    f"{self.kernel_name}: latent site {name!r} lies inside the subsampled plate {plates[0]!r}; "
+                    "SG-MCMC kernels sample global latents only. Marginalise the local latent out of the "
+                    "likelihood, or move it outside the plate."
+                )
+            latents.append(name)
+        return latents
+
+    def check_full_data(self, flat):
+        """Evaluate the full-data view once at ``flat`` (with Pyro's validation on) to catch shape errors
+        early; return the deterministic sites' values there."""
+        plates = ", ".join(f"{name!r} of size {size}" for name, (size, _) in self.plate_sizes.items())
+        doing = "running the model on its full data" + (f" (plates {plates})" if plates else "")
+        with model_errors(self.kernel_name, doing), pyro.validation_enabled(True), torch.no_grad():
+            density = self._run(flat.detach(), {}, self.model_args, self.model_kwargs, full=True)
+        return {name: density.deterministic[name] for name in self.deterministic_sites}
+
+    def _run(self, flat, batch, model_args, model_kwargs, full=False, log_density=True):
+        """Run the model once at the unconstrained ``flat`` under :class:`_LogDensity` (on its full data
+        if ``full``); returns the handler, and its ``log_det`` of the transforms."""
+        values, log_det = self.layout.constrain(flat)
+        density = _LogDensity(values, batch, self.data_sites, log_density)
+        density.log_det = log_det
+        with density:
+            if full:
+                with full_data():
+                    self.model(*model_args, **model_kwargs)
+            else:
+                self.model(*model_args, **model_kwargs)
+        return density
+
+    # --- initial values ------------------------------------------------------------------------
+    def initial_params(self):
+        """Valid unconstrained initial values: the prototype trace's, or fresh draws of the init
+        strategy until the potential and its gradient are finite."""
+        values = self._prototype_values
+        for _ in range(MAX_INIT_ATTEMPTS):
+            params = {name: self.transforms[name](value).detach() for name, value in values.items()}
+            flat = self.layout.ravel(params) if params else torch.zeros(0)
+            with model_errors(self.kernel_name, "computing the first stochastic gradient"):
+                gradient = self._eager_gradient(flat, self.first_batch, False)
+            if torch.isfinite(gradient.energy) and torch.all(torch.isfinite(gradient.grad)):
+                return params
+            values = {
+                name: site["value"].detach()
+                for name, site in self._prototype_trace()[0].nodes.items()
+                if name in self._prototype_values
+            }
+        raise ValueError(
+            f"{self.kernel_name}: found no initial values with a finite potential and gradient in "
+            f"{MAX_INIT_ATTEMPTS} draws of the init strategy; pass `initial_params` to `MCMC`."
+        )
+
+    # --- minibatches ---------------------------------------------------------------------------
+    def init_batch(self, generator):
+        """The minibatch sampler's state at the start of a chain (see :mod:`~ppl_sgmcmc.pyro.minibatch`)."""
+        return minibatch.init(generator, self.plate_sizes, self.replace)
+
+    def draw(self, generator, batch_state):
+        """One step's indices ``{plate: (n,) tensor}`` and the advanced batch state."""
+        return minibatch.draw(generator, batch_state, self.plate_sizes, self.replace)
+
+    # --- the potential -------------------------------------------------------------------------
+    def energies(self, flat, batch, model_args, model_kwargs):
+        """``(prior part, data part)`` of ``Ũ_t`` at the unconstrained ``flat``; the data part holds
+        the sites in subsampled plates, the prior part the others and the log-Jacobian."""
+        density = self._run(flat, batch, model_args, model_kwargs)
+        return -(_total(density.prior, flat) + density.log_det), -_total(density.data, flat)
+
+    def _value_and_grad(self, flat, batch, model_args, model_kwargs, with_score):
+        with torch.enable_grad():
+            x = flat.detach().requires_grad_()
+            prior, data = self.energies(x, batch, model_args, model_kwargs)
+            energy = prior + data
+            if with_score:
+                grad_data = _grad(data, x, retain_graph=True)
+                grad = _grad(prior, x) + grad_data
+                return energy.detach(), grad, -grad_data / self.data_size
+            return energy.detach(), _grad(energy, x), None
+
+    def _eager_gradient(self, flat, batch, with_score):
+        return StochasticGradient(*self._value_and_grad(flat, batch, self.model_args, self.model_kwargs, with_score))
+
+    def gradient(self, flat, batch, with_score=False):
+        """``StochasticGradient(Ũ_t, ∇Ũ_t, ḡ_t)`` at ``flat`` on the minibatch ``batch``
+        (``ḡ_t`` is ``None`` unless ``with_score``)."""
+        compiled = self._compiled_fn(("gradient", with_score), flat, batch)
+        if compiled is None:
+            return self._eager_gradient(flat, batch, with_score)
+        energy, grad, *score = compiled(flat, *(batch[name] for name in self.plate_sizes), *self._arg_tensors)
+        return StochasticGradient(energy, grad, score[0] if score else None)
+
+    def _compiled_fn(self, key, flat, batch):
+        """The traced graph of the gradient (``key = ("gradient", with_score)``) or of the deterministic
+        sites (``key = ("deterministic",)``); ``None`` if it is not traced."""
+        if key not in self._compiled:
+            traced = compile_.trace(*self.traceable(key, flat, batch), self.kernel_name) if self.compile else None
+            self._compiled[key] = traced
+        return self._compiled[key]
+
+    def traceable(self, key, flat, batch):
+        """``(fn, example_inputs, check)`` for :func:`ppl_sgmcmc.pyro.compile.trace`: the gradient or the
+        deterministic sites as a function of tensors only, ``(flat, *plate indices, *model tensors)``,
+        and a check of a traced version against the model at ``flat`` and at a perturbed point."""
+        self._arg_tensors, rebuild = _split_tensors((self.model_args, self.model_kwargs))
+        plate_names = list(self.plate_sizes) if key[0] == "gradient" else []
+
+        def fn(flat, *tensors):
+            indices = dict(zip(plate_names, tensors[: len(plate_names)]))
+            args, kwargs = rebuild(tensors[len(plate_names) :])
+            if key[0] == "gradient":
+                out = self._value_and_grad(flat, indices, args, kwargs, key[1])
+                return out if key[1] else out[:2]
+            return self._deterministic(flat, args, kwargs)
+
+        def check(compiled):
+            generator = torch.Generator().manual_seed(0)
+            noise = torch.randn(flat.shape, generator=generator, dtype=flat.dtype)
+            for point in (flat, flat + 0.1 * noise):
+                got = compiled(point, *(batch[name] for name in plate_names), *self._arg_tensors)
+                if key[0] == "gradient":
+                    expected = self._eager_gradient(point, batch, key[1])
+                else:
+                    expected = self._deterministic(point, self.model_args, self.model_kwargs)
+                if not all(b is None or compile_.close(a, b) for a, b in zip(got, expected)):
+                    return False
+            return True
+
+        return fn, (flat, *(batch[name] for name in plate_names), *self._arg_tensors), check
+
+    # --- evaluation ----------------------------------------------------------------------------
+    def _deterministic(self, flat, model_args, model_kwargs):
+        with torch.no_grad():
+            density = self._run(flat, {}, model_args, model_kwargs, full=True, log_density=False)
+        return tuple(density.deterministic[name] for name in self.deterministic_sites)
+
+    def deterministic(self, flat):
+        """The deterministic sites' values at ``flat``, on the full data (``{}`` if there are none)."""
+        if not self.deterministic_sites:
+            return {}
+        flat = flat.detach()
+        compiled = self._compiled_fn(("deterministic",), flat, {})
+        if compiled is None:
+            values = self._deterministic(flat, self.model_args, self.model_kwargs)
+        else:
+            values = compiled(flat, *self._arg_tensors)
+        return dict(zip(self.deterministic_sites, values))
+
+
+def _grad(output, x, retain_graph=False):
+    (grad,) = torch.autograd.grad(output, x, retain_graph=retain_graph, allow_unused=True)
+    return torch.zeros_like(x) if grad is None else grad
+
+
+class PotentialTarget:
+    """A target given as an energy ``potential_fn(z)`` or a stochastic energy ``potential_fn(z, generator)``."""
+
+    def __init__(self, potential_fn, kernel_name):
+        self.potential_fn = potential_fn
+        self.kernel_name = kernel_name
+        try:
+            num_args = len(inspect.signature(potential_fn).parameters)
+        except (TypeError, ValueError):
+            num_args = 1
+        self.stochastic = num_args >= 2
+        self.data_size = 1
+        self.plate_sizes = {}
+        self.deterministic_sites = []
+        self.transforms = {}
+        self.layout = None
+
+    def set_layout(self, params):
+        """The flat layout of the user's initial values ``{name: tensor}`` (all unconstrained)."""
+        shapes = {k: torch.as_tensor(v).shape for k, v in params.items()}
+        self.layout = _Layout(shapes, dict.fromkeys(params, constraints.real))
+
+    def initial_params(self):
+        """A ``potential_fn`` has no prior to draw from: raises, asking for ``initial_params``."""
+        raise ValueError(
+            f"{self.kernel_name}: a kernel built from `potential_fn` needs `init_params`: pass them as "
+            "`MCMC(kernel, ..., initial_params=...)` (one leading entry per chain when num_chains > 1)."
+        )
+
+    def check_full_data(self, flat):
+        """Nothing to check; no deterministic sites."""
+        return {}
+
+    def init_batch(self, generator):
+        """No minibatches."""
+        return minibatch.BatchState({}, {})
+
+    def draw(self, generator, batch_state):
+        """The "batch" of a stochastic ``potential_fn`` is the chain's generator."""
+        return generator, batch_state
+
+    def gradient(self, flat, batch, with_score=False):
+        """``Ũ`` and its gradient by autograd; the score is ``-∇Ũ`` (no data to separate from a prior)."""
+        with torch.enable_grad():
+            x = flat.detach().requires_grad_()
+            z = self.layout.unravel(x)
+            energy = self.potential_fn(z, batch) if self.stochastic else self.potential_fn(z)
+            grad = _grad(energy, x)
+        return StochasticGradient(energy.detach(), grad, -grad if with_score else None)
+
+    def deterministic(self, flat):
+        """No deterministic sites."""
+        return {}

@@ -1,0 +1,290 @@
+"""Semi-collapsed LDA (``models/lda.py``): the collapsed prior of the topic assignments, the
+collapsed-Gibbs conditional against brute-force enumeration, the Fisher-identity gradient against the
+exact gradient of the collapsed marginal, topic recovery on a synthetic corpus, the perplexity
+functions on hand-computable cases, and a Reuters end-to-end run.
+
+Statistical tolerances are Monte Carlo errors: ``K_SIGMA = 4.5`` standard errors of the estimate.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+from jax.flatten_util import ravel_pytree
+from jax.scipy.special import logsumexp
+from numpyro.infer import MCMC
+
+from models import lda
+from tests.helpers import K_SIGMA
+
+ALPHA = 0.1
+
+
+def polya_log_prob(z, num_topics, alpha):
+    """``log p(z)`` of a Dirichlet-multinomial sequence by the Pólya urn: ``Π_i (n_{<i, z_i} + α) / (i + Kα)``."""
+    counts = np.zeros(num_topics)
+    total = 0.0
+    for i, k in enumerate(z):
+        total += np.log((counts[k] + alpha) / (i + num_topics * alpha))
+        counts[k] += 1
+    return total
+
+
+def assert_frequencies(samples, probabilities, label):
+    """Empirical frequencies of the rows of ``samples`` (tuples of states) against exact probabilities."""
+    counts = {}
+    for s in map(tuple, np.asarray(samples)):
+        counts[s] = counts.get(s, 0) + 1
+    m = len(samples)
+    for state, p in probabilities.items():
+        freq = counts.get(state, 0) / m
+        se = np.sqrt(max(p * (1 - p), 1e-12) / m)
+        assert abs(freq - p) < K_SIGMA * se + 1e-12, f"{label}: state {state}: frequency {freq:.4f}, exact {p:.4f}"
+    assert set(counts) <= set(probabilities), f"{label}: impossible states sampled"
+
+
+# --- the collapsed prior -----------------------------------------------------------------------------
+def test_collapsed_log_prob_is_the_polya_urn():
+    rng = np.random.default_rng(0)
+    num_topics = 4
+    z = rng.integers(0, num_topics, size=(3, 7))
+    mask = np.ones((3, 7), bool)
+    mask[1, 5:] = False  # a shorter document: padding counts for nothing
+    mask[2, 1:] = False
+    d = lda.CollapsedTopicAssignments(ALPHA, num_topics, mask)
+    assert d.batch_shape == (3,) and d.event_shape == (7,) and d.support.is_discrete
+    expected = [polya_log_prob(z[i][mask[i]], num_topics, ALPHA) for i in range(3)]
+    np.testing.assert_allclose(np.asarray(d.log_prob(jnp.asarray(z))), expected, rtol=1e-5)
+    # the value at padded positions is irrelevant
+    z2 = np.where(mask, z, (z + 1) % num_topics)
+    np.testing.assert_allclose(np.asarray(d.log_prob(jnp.asarray(z2))), expected, rtol=1e-5)
+
+
+def test_collapsed_sample_matches_the_polya_urn():
+    """Sampled pairs ``(z_1, z_2)`` follow ``p(z) = Π_i (n_{<i,z_i} + α)/(i + Kα)``; padding is 0."""
+    num_topics = 3
+    mask = jnp.array([True, True, False])
+    samples = lda.CollapsedTopicAssignments(ALPHA, num_topics, mask).sample(jax.random.PRNGKey(0), (20000,))
+    assert np.all(np.asarray(samples[:, 2]) == 0)
+    exact = {
+        (a, b, 0): np.exp(polya_log_prob([a, b], num_topics, ALPHA))
+        for a, b in itertools.product(range(num_topics), repeat=2)
+    }
+    assert_frequencies(samples, exact, "prior")
+
+
+# --- the collapsed-Gibbs conditional ----------------------------------------------------------------
+NUM_TOPICS, VOCAB = 3, 4
+TOPICS = np.array([[0.5, 0.2, 0.2, 0.1], [0.1, 0.1, 0.3, 0.5], [0.25, 0.4, 0.05, 0.3]])
+DOC = np.array([0, 3, 1])
+
+
+def joint_log_prob(z, words=DOC, topics=TOPICS):
+    return polya_log_prob(z, NUM_TOPICS, ALPHA) + sum(np.log(topics[k, w]) for k, w in zip(z, words))
+
+
+def conditional(i, z, words=DOC):
+    """``p(z_i = k | z_-i, w)`` by enumerating ``k`` in the joint (no formula)."""
+    logits = np.array([joint_log_prob(np.r_[z[:i], k, z[i + 1 :]], words) for k in range(NUM_TOPICS)])
+    p = np.exp(logits - logits.max())
+    return p / p.sum()
+
+
+def run_sweeps(z0, num_sweeps, num_chains=20000):
+    """``num_sweeps`` sweeps of ``collapsed_gibbs_sweep`` on ``num_chains`` copies of the document."""
+    words = jnp.broadcast_to(jnp.asarray(DOC), (num_chains, len(DOC)))
+    mask = jnp.ones(words.shape, bool)
+    word_probs = lda.topic_columns(jnp.asarray(TOPICS), words, "expanded")
+    z = jnp.broadcast_to(jnp.asarray(z0, jnp.int32), words.shape)
+
+    @jax.jit
+    def run(key, z):
+        return jax.lax.fori_loop(
+            0, num_sweeps, lambda s, z: lda.collapsed_gibbs_sweep(jax.random.fold_in(key, s), z, word_probs, mask, ALPHA), z
+        )
+
+    return run(jax.random.PRNGKey(3), z)
+
+
+def test_one_sweep_is_the_sequence_of_exact_conditionals():
+    """From a fixed state, one sweep's distribution over the 27 states is
+    ``p(z'_1 | z_2, z_3) p(z'_2 | z'_1, z_3) p(z'_3 | z'_1, z'_2)``, each conditional by enumeration."""
+    z0 = np.array([1, 2, 0])
+    exact = {}
+    for new in itertools.product(range(NUM_TOPICS), repeat=3):
+        z, p = z0.copy(), 1.0
+        for i in range(3):
+            p *= conditional(i, z)[new[i]]
+            z[i] = new[i]
+        exact[new] = p
+    assert_frequencies(run_sweeps(z0, 1), exact, "one sweep")
+
+
+def test_sweeps_leave_the_posterior_invariant():
+    """Started from ``p(z | w, π)`` (enumerated over 27 states), the chain stays there after two sweeps.
+    (From a fixed state it needs many sweeps at α = 0.1: moving a token off a topic that holds the rest of
+    the document costs a factor ``α``.)"""
+    states = list(itertools.product(range(NUM_TOPICS), repeat=3))
+    logits = np.array([joint_log_prob(np.array(s)) for s in states])
+    posterior = np.exp(logits - logsumexp(logits))
+    start = np.array(states)[np.random.default_rng(5).choice(len(states), size=20000, p=posterior / posterior.sum())]
+    assert_frequencies(run_sweeps(start, 2), dict(zip(states, posterior)), "posterior")
+
+
+# --- the Fisher-identity gradient ----------------------------------------------------------------------
+# four ragged documents over V = 3 words, K = 2 topics, minibatches of 2: z can be enumerated. α = 1 so
+# that a few sweeps mix (at α = 0.1 a 3-token document leaves a shared topic only at a cost α per token,
+# and the expectation would test the mixing of the sweeps rather than the identity).
+TINY_DOCS = [[0, 0, 2], [1, 2], [2, 2, 1], [0]]
+FISHER_ALPHA = 1.0
+
+
+def tiny_corpus():
+    return lda.pad_documents([np.array(d) for d in TINY_DOCS])
+
+
+def exact_marginal_gradient(theta, parametrisation):
+    """``∇U(θ)`` with ``U = -log p(θ) - Σ_d log Σ_{z_d} p(z_d) p(w_d | z_d, θ)``, by enumeration."""
+    import numpyro.distributions as dist
+
+    def energy(theta):
+        prior = dist.Normal(0.1, 1.0) if parametrisation == "gaussian" else dist.Gamma(0.5, 1.0)
+        topics = lda.topic_word(theta, parametrisation)
+        total = prior.log_prob(theta).sum()
+        for doc in TINY_DOCS:
+            terms = []
+            for z in itertools.product(range(2), repeat=len(doc)):
+                log_pz = lda.CollapsedTopicAssignments(FISHER_ALPHA, 2, jnp.ones(len(doc), bool)).log_prob(jnp.array(z))
+                terms.append(log_pz + sum(jnp.log(topics[k, w]) for k, w in zip(z, doc)))
+            total += logsumexp(jnp.stack(terms))
+        return -total
+
+    return np.asarray(jax.grad(energy)(theta), np.float64)
+
+
+@pytest.mark.parametrize("kernel_name", ["mSGNHT-S", "SGRLD"])
+def test_fisher_identity_gradient_matches_the_collapsed_marginal(kernel_name):
+    """Averaged over minibatches and Gibbs sweeps, the kernel's stochastic gradient is the gradient of the
+    collapsed marginal (``gaussian``: in θ, which is unconstrained; ``expanded``: in θ's own positive space,
+    as SGRLD uses it)."""
+    words, mask = tiny_corpus()
+    kernel, parametrisation = lda.make_kernel(kernel_name, 1e-3, words, mask, alpha=FISHER_ALPHA, gibbs_sweeps=(6, 4))
+    theta = jnp.array([[0.8, -0.3, 0.5], [0.2, 1.1, 0.4]])
+    if parametrisation == "expanded":
+        theta = jnp.abs(theta)
+    args = (jnp.asarray(words), jnp.asarray(mask))
+    kwargs = dict(vocab_size=3, num_topics=2, alpha=FISHER_ALPHA, parametrisation=parametrisation, beta=0.5, batch_size=2)
+    state = kernel.init(jax.random.PRNGKey(0), 0, {"theta": theta}, args, kwargs)
+    target = kernel._target
+    flat, unravel = ravel_pytree(state.z)
+
+    def one(key):
+        batch, _ = target.draw(key, state.batch_state)
+        return target.gradient(flat, unravel, batch, args, kwargs).grad
+
+    grads = np.asarray(jax.jit(jax.vmap(one))(jax.random.split(jax.random.PRNGKey(1), 20000)), np.float64)
+    exact = exact_marginal_gradient(theta, parametrisation).ravel()
+    mean, mcse = grads.mean(0), grads.std(0) / np.sqrt(len(grads))
+    print("estimate", mean, "\nexact   ", exact, "\nmcse    ", mcse)
+    assert np.all(np.abs(mean - exact) < K_SIGMA * mcse)
+
+
+# --- topic recovery ---------------------------------------------------------------------------------
+def synthetic_corpus(seed=0, num_topics=3, vocab=12, num_docs=120, alpha=ALPHA):
+    """Documents of 20-40 tokens from a known LDA: topic ``k`` puts 0.9 of its mass on words
+    ``4k..4k+3`` (unevenly) and spreads 0.1 over the rest."""
+    rng = np.random.default_rng(seed)
+    topics = np.full((num_topics, vocab), 0.1 / (vocab - 4))
+    for k in range(num_topics):
+        topics[k, 4 * k : 4 * k + 4] = 0.9 * np.array([0.4, 0.3, 0.2, 0.1])
+    docs = []
+    for _ in range(num_docs):
+        proportions = rng.dirichlet(np.full(num_topics, alpha))
+        z = rng.choice(num_topics, size=rng.integers(20, 41), p=proportions)
+        docs.append(np.array([rng.choice(vocab, p=topics[k]) for k in z]))
+    return topics, docs
+
+
+def matched_tv(estimate, truth):
+    """Total-variation distances between estimated and true topics, matched by the Hungarian algorithm."""
+    tv = 0.5 * np.abs(estimate[:, None, :] - truth[None, :, :]).sum(-1)
+    rows, cols = scipy.optimize.linear_sum_assignment(tv)
+    return tv[rows, cols]
+
+
+@pytest.mark.parametrize("kernel_name, step_size", [("mSGNHT-S", 5e-3), ("SGRLD", 2e-2)])
+def test_recovers_known_topics(kernel_name, step_size):
+    """On 120 documents (~3600 tokens) from a known 3-topic LDA, the posterior-mean topics are within
+    total-variation distance 0.1 of the true ones after Hungarian matching (unmatched topics are ~0.9
+    apart; the posterior's own spread around the truth at this corpus size is ~0.03-0.05)."""
+    truth, docs = synthetic_corpus()
+    words, mask = lda.pad_documents(docs)
+    kernel, parametrisation = lda.make_kernel(
+        kernel_name, step_size, words, mask, alpha=ALPHA, gibbs_sweeps=(4, 4), steps_per_sample=20
+    )
+    mcmc = MCMC(kernel, num_warmup=75, num_samples=75, progress_bar=False)
+    mcmc.run(
+        jax.random.PRNGKey(0), words, mask, vocab_size=12, num_topics=3, alpha=ALPHA,
+        parametrisation=parametrisation, beta=0.1, batch_size=10,
+    )
+    topics = np.asarray(lda.topic_word(mcmc.get_samples()["theta"], parametrisation).mean(0))
+    tv = matched_tv(topics, truth)
+    print(kernel_name, "matched TV", tv)
+    assert int(mcmc.last_state.num_diverging) == 0
+    assert tv.max() < 0.1
+
+
+# --- perplexity -------------------------------------------------------------------------------------
+def test_perplexity_by_hand():
+    p = [np.array([[0.5, 0.25, 0.9], [0.1, 0.2, 0.3]]), np.array([[0.125]])]
+    masks = [np.array([[True, True, False], [True, False, False]]), np.array([[True]])]
+    # exp(-(log 0.5 + log 0.25 + log 0.1 + log 0.125) / 4) = (0.5 · 0.25 · 0.1 · 0.125)^(-1/4)
+    assert lda.perplexity(p, masks) == pytest.approx((0.5 * 0.25 * 0.1 * 0.125) ** -0.25, rel=1e-12)
+
+
+def test_document_completion_by_hand():
+    """One observed token ``w_o``: its topic is drawn from ``p(z = k) ∝ π_{k, w_o}`` every sweep, so
+    ``θ̂_k → (P(z = k) + α)/(1 + Kα)`` and a held-out token ``w`` gets ``Σ_k θ̂_k π_kw``; averaged over two
+    posterior samples of ``π``."""
+    samples = np.stack([TOPICS, TOPICS[::-1]])
+    held = lda.completion_split([np.array([1, 0, 2, 3, 3])], observed_fraction=0.2, num_buckets=1)
+    observed_words, _, held_words, held_mask = held.buckets[0]
+    assert observed_words.shape == (1, 1) and held_mask.sum() == 4
+    w_o = observed_words[0, 0]
+    expected = np.zeros(held_words.shape[1])
+    for topics in samples:
+        p_z = topics[:, w_o] / topics[:, w_o].sum()
+        theta = (p_z + ALPHA) / (1 + NUM_TOPICS * ALPHA)
+        expected += theta @ topics[:, held_words[0]] / len(samples)
+    accumulator = lda.PerplexityAccumulator(held, ALPHA, burn_in=0, kept=4000)
+    for topics in samples:
+        accumulator.add(topics)
+    estimate = accumulator.sums[0][0] / accumulator.count
+    # MC error of θ̂ (an average of 4000 independent indicators per sample), propagated to p(w)
+    se = 0.5 / (1 + NUM_TOPICS * ALPHA) / np.sqrt(4000) / np.sqrt(len(samples))
+    np.testing.assert_allclose(estimate, expected, atol=K_SIGMA * se)
+    assert accumulator.perplexity() == pytest.approx(
+        np.exp(-np.log(estimate).mean()), rel=1e-10
+    ) and accumulator.perplexity() == pytest.approx(np.exp(-np.log(expected).mean()), rel=0.02)
+
+
+# --- Reuters end to end -----------------------------------------------------------------------------
+def test_reuters_end_to_end():
+    """mSGNHT-S with the local Gibbs step, through ``MCMC``, on the bundled Reuters corpus (316 training
+    documents, V = 4258): after ~3 passes over the data the document-completion perplexity is far below
+    the uniform-topics value V (collapsed Gibbs reaches ~1500-1700 at K = 20)."""
+    from models.datasets import load_corpus
+
+    data = lda.prepare_corpus(load_corpus("reuters"), num_buckets=1)
+    kernel, parametrisation = lda.make_kernel(
+        "mSGNHT-S", 3e-2, data.train_words, data.train_mask, alpha=ALPHA, gibbs_sweeps=(3, 2), steps_per_sample=40
+    )
+    mcmc = MCMC(kernel, num_warmup=5, num_samples=5, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), data.train_words, data.train_mask, vocab_size=data.vocab_size, num_topics=10)
+    topics = lda.topic_word(mcmc.get_samples()["theta"], parametrisation)
+    value = lda.held_out_perplexity(topics, data.held_out, ALPHA, burn_in=5, kept=5)
+    print("Reuters perplexity", value, "uniform", data.vocab_size)
+    assert value < 0.6 * data.vocab_size

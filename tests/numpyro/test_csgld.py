@@ -1,0 +1,292 @@
+"""CSGLD and CSGHMC (Deng, Lin & Liang, NeurIPS 2020) as NumPyro kernels.
+
+1. The paper's two-mode target ``π = 0.4 N(-6, 1) + 0.6 N(4, 1)`` (τ = 1, h = 0.1, m = 50, Δu = 1,
+   ζ = 0.75, gradient noise N(0, 0.01)), every chain started in the right mode: the importance-weighted
+   mass of the left mode, mean and second moment match the exact values, where SGLD with the same
+   budget stays in its mode; importance resampling gives ordinary draws with the target's mean and
+   variance; CSGHMC likewise.
+2. The learned partition weights ``θ`` on a 2-d standard normal (density of states known in closed
+   form) match the stochastic-approximation fixed point computed by quadrature, and the true bin masses
+   ``∫_bin π`` up to that fixed point's predicted offset.
+3. Plumbing: weights in ArviZ's ``sample_stats``, the automatic energy grid, resuming, ζ = 0 is SGLD,
+   errors.
+
+Tolerances: ``K_SIGMA = 4.5`` Monte Carlo standard errors (``tests/helpers.py``). Each chain learns its
+own ``θ`` and normalises its own weights, so a chain's self-normalised estimate is one independent
+replicate: estimates are the mean over the 16 chains and their MCSE the chains' sd over sqrt(16).
+
+Measured (seed 0 here; 1.5e5 steps per chain): weighted left-mode mass 0.41-0.43 over seeds, MCSE
+~0.015, weight ESS (Kish) ~45% of the draws, ~300 mode switches per chain. Adapting θ while sampling
+biases the weighted estimates by O(ω_k): +0.020 ± 0.008 after 1.5e5 steps and +0.011 ± 0.003 after
+6e5 (32 chains, ``lax.scan`` of the same rule); with θ frozen after the warm-up (``adapt_theta="warmup"``,
+this run's settings) 0.407 ± 0.017 and 0.397 ± 0.014 on two seeds. That bias is well inside the
+tolerance here (4.5 × 0.015). The mixture is not used for
+θ: at h = 0.1 the discretisation moves the learned θ(0) from the fixed point's 0.897 to 0.915 (at
+h = 0.05: 0.899), more than θ's MCSE (0.003).
+"""
+
+import arviz as az
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+import scipy.stats
+from numpyro.infer import MCMC
+
+from ppl_sgmcmc.importance import resample, weight_ess, weighted_expectation
+from ppl_sgmcmc.numpyro import CSGHMC, CSGLD, SGLD, to_inference_data
+from tests.helpers import assert_mc_close
+
+CHAINS = 16
+P_LEFT = 0.4 * scipy.stats.norm.cdf(5) + 0.6 * scipy.stats.norm.cdf(-5)  # exact P(x < -1)
+SECOND_MOMENT = 0.4 * 37 + 0.6 * 17  # E x² = 25 (the mean is 0)
+
+
+def mixture_energy(z, rng_key):
+    """``-log(0.4 N(x; -6, 1) + 0.6 N(x; 4, 1))`` with gradient noise N(0, 0.01) (the energy itself is exact)."""
+    x = z["x"]
+    log_density = jnp.logaddexp(
+        jnp.log(0.4) + jax.scipy.stats.norm.logpdf(x, -6, 1), jnp.log(0.6) + jax.scipy.stats.norm.logpdf(x, 4, 1)
+    )
+    noise = 0.1 * jax.random.normal(rng_key, x.shape)
+    return jnp.sum(-log_density + noise * (x - jax.lax.stop_gradient(x)))
+
+
+def run_mixture(kernel, num_warmup, num_samples):
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=CHAINS,
+                chain_method="vectorized", progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.full(CHAINS, 4.0)})
+    assert not np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))
+    return mcmc
+
+
+@pytest.fixture(scope="module")
+def csgld_mixture():
+    kernel = CSGLD(potential_fn=mixture_energy, step_size=0.1, num_partitions=50, energy_gap=1.0, zeta=0.75,
+                   steps_per_sample=10)  # fmt: skip
+    return run_mixture(kernel, 5000, 10000)
+
+
+def per_chain(idata, fn):
+    """Each chain's self-normalised estimate of ``E fn(x)``: their mean and its MCSE (sd / sqrt(chains))."""
+    values = np.array([float(weighted_expectation(idata.isel(chain=[c]), fn)) for c in range(idata.posterior.sizes["chain"])])
+    return values.mean(), values.std(ddof=1) / np.sqrt(len(values))
+
+
+def mode_switches(x):
+    """Moves between the modes per chain, with hysteresis: left below -3, right above 1."""
+    label = np.where(x < -3, -1, np.where(x > 1, 1, 0))
+    return np.array([np.sum(row[row != 0][1:] != row[row != 0][:-1]) for row in label])
+
+
+def check_mixture(idata, name):
+    p, se = per_chain(idata, lambda post: post["x"] < -1)
+    assert_mc_close(f"{name} P(x < -1)", p, P_LEFT, se)
+    mean, se = per_chain(idata, lambda post: post["x"])
+    assert_mc_close(f"{name} mean", mean, 0.0, se)
+    second, se = per_chain(idata, lambda post: post["x"] ** 2)
+    assert_mc_close(f"{name} E x²", second, SECOND_MOMENT, se)
+    ess = weight_ess(idata)
+    print(f"  {name}: weight ESS (Kish) {ess:.0f} of {idata.posterior.sizes['draw'] * CHAINS} draws")
+    assert ess > 0.2 * idata.posterior.sizes["draw"] * CHAINS
+
+
+# --- 1. the paper's mixture -----------------------------------------------------------------------------------
+def test_csgld_recovers_both_modes_where_sgld_stays(csgld_mixture):
+    idata = az.from_numpyro(csgld_mixture)
+    check_mixture(idata, "CSGLD")
+    x = np.asarray(csgld_mixture.get_samples(group_by_chain=True)["x"])
+    switches = mode_switches(x)
+    print(f"  CSGLD mode switches per chain: {switches}")
+    assert switches.min() >= 20
+    # the unweighted draws follow the flattened density: close to half in each mode, not π's 0.4
+    assert abs((x < -1).mean() - 0.5) < 0.05
+
+    sgld = run_mixture(SGLD(potential_fn=mixture_energy, step_size=0.1, steps_per_sample=10), 5000, 10000)
+    x_sgld = np.asarray(sgld.get_samples(group_by_chain=True)["x"])
+    switches_sgld = mode_switches(x_sgld)
+    print(f"  SGLD mode switches per chain: {switches_sgld}; left-mode fraction {(x_sgld < -1).mean():.3f}")
+    assert np.sum(switches_sgld == 0) >= CHAINS * 3 // 4  # most SGLD chains never leave the right mode
+    p_csgld, se_csgld = per_chain(idata, lambda post: post["x"] < -1)
+    assert abs((x_sgld < -1).mean() - P_LEFT) > 4.5 * se_csgld  # SGLD misses by more than CSGLD's tolerance
+
+
+def test_learned_state_and_sample_stats(csgld_mixture):
+    state = csgld_mixture.last_state
+    theta = np.asarray(state.theta)
+    assert theta.shape == (CHAINS, 50)
+    np.testing.assert_allclose(theta.sum(1), 1, rtol=1e-4)
+    assert np.all(np.diff(theta.mean(0)[:8]) < 0)  # θ decays with the energy (paper's Fig. 1(b))
+    # energy_min="auto": the least energy of the calibration steps, close to the minimum energy 1.4298
+    u_min = np.asarray(state.energy_min)
+    assert np.all((u_min >= 1.4297) & (u_min < 1.5))
+    np.testing.assert_array_equal(np.asarray(state.energy_gap), 1.0)
+    idata = az.from_numpyro(csgld_mixture)
+    extra = csgld_mixture.get_extra_fields(group_by_chain=True)
+    assert {"log_weight", "partition", "diverging"} <= set(idata.sample_stats.data_vars)
+    assert idata.sample_stats["log_weight"].dims == ("chain", "draw")
+    np.testing.assert_array_equal(idata.sample_stats["log_weight"].values, extra["log_weight"])
+    np.testing.assert_array_equal(idata.sample_stats["partition"].values, extra["partition"])
+    assert idata.sample_stats["partition"].values.max() > 10  # the flattened chain climbs the energy bins
+
+
+def test_importance_resampling_gives_the_target(csgld_mixture):
+    out = resample(az.from_numpyro(csgld_mixture), seed=0)
+    draws = out.posterior["x"].values  # each chain resampled from its own draws: independent replicates
+    assert draws.shape == (CHAINS, 10000) and "log_weight" not in out.sample_stats
+    for name, stat, target in [("mean", draws.mean(1), 0.0), ("variance", draws.var(1), SECOND_MOMENT),
+                               ("P(x < -1)", (draws < -1).mean(1), P_LEFT)]:  # fmt: skip
+        assert_mc_close(f"resampled {name}", stat.mean(), target, stat.std(ddof=1) / np.sqrt(CHAINS))
+    summary = az.summary(out, var_names=["x"])  # every ArviZ diagnostic applies to the resampled draws
+    assert np.isfinite(summary.loc["x", "ess_bulk"]) and summary.loc["x", "r_hat"] < 1.05
+
+
+def test_csghmc_recovers_both_modes():
+    kernel = CSGHMC(potential_fn=mixture_energy, step_size=0.3, friction=1.0, num_partitions=50, energy_gap=1.0,
+                    steps_per_sample=10)  # fmt: skip
+    mcmc = run_mixture(kernel, 3000, 6000)
+    check_mixture(az.from_numpyro(mcmc), "CSGHMC")
+    assert mode_switches(np.asarray(mcmc.get_samples(group_by_chain=True)["x"])).min() >= 10
+
+
+# --- 2. θ against the bin masses -------------------------------------------------------------------------------
+def fixed_point(energies, density, u_min, gap, m, zeta, iterations=300):
+    """The SA fixed point of eq. (9) for the flattened density ``π / Ψ_θ^ζ`` of eq. (5) (continuous time):
+    ``θ_i^{1-ζ} ∝ ∫_{bin i} π Ψ_θ^{-ζ}``; and the bin masses ``∫_{bin i} π``. ``density`` is π's
+    energy density on the grid ``energies`` times the spacing."""
+    j = np.clip(np.ceil((energies - u_min) / gap) - 1, 0, m - 1).astype(int)
+    masses = np.bincount(j, weights=density, minlength=m)
+    theta = masses / masses.sum()
+    below = np.maximum(j - 1, 0)
+    fraction = np.minimum((energies - (u_min + j * gap)) / gap, 1)
+    for _ in range(iterations):
+        log_theta = np.log(theta)
+        log_psi = log_theta[below] + (log_theta[j] - log_theta[below]) * fraction
+        new = np.bincount(j, weights=density * np.exp(-zeta * log_psi), minlength=m) ** (1 / (1 - zeta))
+        theta = 0.5 * theta + 0.5 * new / new.sum()
+    return theta, masses / masses.sum()
+
+
+def test_theta_matches_the_partition_masses():
+    """2-d N(0, I): ``U - log 2π ~ Exp(1)``. Grid from the exact minimum, Δu = 0.5, m = 40 (up to 20 above
+    the minimum: the flattened chain must not reach the last bin, which collects every higher energy).
+    h = 0.05, exact gradients. Bins 0-11 (π-mass 0.9984) are compared; the higher bins are rarely
+    visited and their θ converges slowly. The fixed point differs from the bin masses by O(Δu)
+    (θ(0) 0.449 vs 0.393): the interpolated Ψ of eq. (5) is not the piecewise-constant θ(J)."""
+    u_min, gap, m, zeta = float(np.log(2 * np.pi)), 0.5, 40, 0.75
+    kernel = CSGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2) + u_min, step_size=0.05, num_partitions=m,
+                   energy_gap=gap, energy_min=u_min, zeta=zeta, steps_per_sample=10)  # fmt: skip
+    mcmc = MCMC(kernel, num_warmup=1000, num_samples=3000, num_chains=CHAINS, chain_method="vectorized",
+                progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(1), init_params={"x": jnp.zeros((CHAINS, 2))})
+    theta = np.asarray(mcmc.last_state.theta, np.float64)
+    energies = np.arange(0, 60, 0.005) + 0.0025  # midpoint rule for the Exp(1) energy density
+    predicted, masses = fixed_point(energies + u_min, np.exp(-energies) * 0.005, u_min, gap, m, zeta)
+    compared = slice(0, 12)
+    estimate, mcse = theta.mean(0)[compared], theta.std(0, ddof=1)[compared] / np.sqrt(CHAINS)
+    assert_mc_close("θ vs SA fixed point", estimate, predicted[compared], mcse)
+    assert_mc_close("θ vs ∫_bin π", estimate, masses[compared], mcse, allowance=(predicted - masses)[compared])
+
+
+# --- 3. plumbing on a model --------------------------------------------------------------------------------
+def normal_mean(y):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    with numpyro.plate("data", y.shape[0], subsample_size=10):
+        numpyro.sample("y", dist.Normal(mu, 1), obs=numpyro.subsample(y, event_dim=0))
+
+
+Y = jnp.asarray(np.random.default_rng(0).normal(1.0, 1.0, size=100), jnp.float32)
+
+
+def run_model(kernel, num_warmup=100, num_samples=100, key=0, **kwargs):
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(key), Y, **kwargs)
+    return mcmc
+
+
+def test_auto_grid_from_the_first_half_of_warmup():
+    """u_min = the least minibatch energy of the first half of the warm-up, Δu = the sd of those of its second
+    quarter; θ is uniform (and the multiplier 1) until then."""
+    mcmc = MCMC(CSGLD(normal_mean, step_size=1e-3, num_partitions=20), num_warmup=200, num_samples=50, progress_bar=False)
+    mcmc.warmup(jax.random.PRNGKey(0), Y, collect_warmup=True, extra_fields=("potential_energy", "multiplier", "theta"))
+    energies = np.asarray(mcmc.get_extra_fields()["potential_energy"])  # draw k: the energy of step k's point
+    state = mcmc.last_state
+    np.testing.assert_allclose(state.energy_min, energies[:100].min(), rtol=1e-6)
+    np.testing.assert_allclose(state.energy_gap, np.std(energies[50:100], ddof=1), rtol=1e-4)
+    np.testing.assert_array_equal(mcmc.get_extra_fields()["multiplier"][:100], 1.0)
+    np.testing.assert_allclose(mcmc.get_extra_fields()["theta"][99], np.full(20, 1 / 20))
+    assert not np.allclose(state.theta, 1 / 20)  # learning from then on
+
+
+def test_to_inference_data_and_adapt_theta_warmup():
+    kernel = CSGLD(normal_mean, step_size=1e-3, num_partitions=20, adapt_theta="warmup")
+    mcmc = run_model(kernel, extra_fields=("potential_energy", "theta"))
+    idata = to_inference_data(mcmc, log_likelihood=False)
+    assert {"log_weight", "partition", "minibatch_lp", "diverging"} <= set(idata.sample_stats.data_vars)
+    assert idata.posterior["mu"].shape == (1, 100)
+    assert resample(idata, seed=0).posterior["mu"].shape == (1, 100)
+    # θ learned during the second half of the warm-up, then frozen
+    theta = np.asarray(mcmc.get_extra_fields()["theta"])
+    assert not np.allclose(theta[0], 1 / 20)
+    np.testing.assert_array_equal(theta, np.broadcast_to(theta[0], theta.shape))
+
+
+def test_resume_continues_the_same_chain_theta_included():
+    kernel = lambda: CSGHMC(normal_mean, step_size=1e-2, num_partitions=20, integrator="euler")  # noqa: E731
+    whole = run_model(kernel(), num_samples=60, extra_fields=("theta",))
+    first = run_model(kernel(), num_samples=30)
+    first.post_warmup_state = first.last_state
+    first.run(first.last_state.rng_key, Y, extra_fields=("theta",))
+    np.testing.assert_allclose(first.get_samples()["mu"], whole.get_samples()["mu"][30:], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(first.get_extra_fields()["theta"], whole.get_extra_fields()["theta"][30:], rtol=1e-5)
+    np.testing.assert_allclose(first.last_state.theta, whole.last_state.theta, rtol=1e-5)
+    np.testing.assert_allclose(first.last_state.energy_min, whole.last_state.energy_min)
+
+
+def test_zeta_zero_is_sgld_exactly():
+    """With ζ = 0 the multiplier is 1: the same chain as SGLD, each draw being the point of the next step's
+    gradient (one step behind SGLD's draws)."""
+    csgld = run_model(CSGLD(normal_mean, step_size=1e-3, zeta=0.0, energy_min=0.0, energy_gap=1.0),
+                      num_samples=50, extra_fields=("potential_energy",))  # fmt: skip
+    sgld = run_model(SGLD(normal_mean, step_size=1e-3), num_samples=50, extra_fields=("potential_energy",))
+    np.testing.assert_array_equal(csgld.get_samples()["mu"][1:], sgld.get_samples()["mu"][:-1])
+    np.testing.assert_array_equal(csgld.get_extra_fields()["log_weight"], 0.0)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: CSGLD(normal_mean, step_size=1e-3, num_partitions=1), "`num_partitions` must be an integer >= 2"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, num_partitions=10.0), "`num_partitions` must be an integer"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, energy_gap=0.0), "`energy_gap` must be a finite positive"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, energy_gap="fine"), "`energy_gap` must be a finite positive"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, energy_min=float("nan")), "`energy_min` must be a finite number"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, zeta=-0.5), "`zeta` must be a finite non-negative"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, sa_step_size=1.5), "`sa_step_size` must lie strictly between"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, weight="paper"), "unknown weight 'paper'"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, adapt_theta="never"), "unknown adapt_theta 'never'"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, calibration_steps=1), "`calibration_steps` must be an integer >= 2"),
+        (lambda: CSGLD(normal_mean, step_size=0.0), "`step_size` must be a finite positive"),
+        (lambda: CSGHMC(normal_mean, step_size=1e-3, friction=-1.0), "`friction` must be a finite positive"),
+        (lambda: CSGHMC(normal_mean, step_size=1e-3, integrator="langevin"), "unknown integrator 'langevin'"),
+    ],
+)
+def test_hyperparameter_errors(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize(
+    "kernel, num_warmup, message",
+    [
+        (lambda: CSGLD(normal_mean, step_size=1e-3), 0, r"choose the energy grid during the warm-up.*energy_gap"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, calibration_steps=50), 20, r"`calibration_steps` \(50\) exceeds"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, adapt_theta="warmup", energy_min=0.0, energy_gap=1.0), 0,
+         "leaves no step for it"),
+    ],
+)
+def test_warmup_errors(kernel, num_warmup, message):
+    with pytest.raises(ValueError, match=message):
+        run_model(kernel(), num_warmup=num_warmup, num_samples=2)
