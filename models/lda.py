@@ -420,12 +420,19 @@ def top_words(topics, vocab, num_words=10):
 
 
 # --- command line -----------------------------------------------------------------------------------
-def make_kernel(name, step_size, words, mask, alpha=0.1, diffusion=0.75, gibbs_sweeps=(10, 10), **kwargs):
-    """A kernel for LDA by name: ``mSGNHT-S``, ``mSGNHT-E``, ``SGHMC-S``, ``SGHMC-E`` (Gaussian
-    parametrisation, friction/diffusion ``D``) or ``SGRLD`` (expanded mean)."""
+def make_kernel(
+    name, step_size, words, mask, alpha=0.1, diffusion=0.75, gibbs_sweeps=(5, 5), parametrisation=None, **kwargs
+):
+    """A kernel for LDA by name, with the collapsed-Gibbs local step: ``mSGNHT-S``, ``mSGNHT-E``,
+    ``SGHMC-S``, ``SGHMC-E`` (diffusion / friction ``D``; by default on paper 000's ``"gaussian"``
+    parametrisation, or on the ``"expanded"`` mean, sampled in log space) or ``SGRLD`` (expanded mean,
+    in its own positive space). Returns ``(kernel, parametrisation)``; other keyword arguments go to the kernel."""
     from ppl_sgmcmc.numpyro import SGHMC, SGNHT, SGRLD
 
-    parametrisation = "expanded" if name == "SGRLD" else "gaussian"
+    if parametrisation is None:
+        parametrisation = "expanded" if name == "SGRLD" else "gaussian"
+    elif name == "SGRLD" and parametrisation != "expanded":
+        raise ValueError("SGRLD samples the expanded-mean parametrisation only")
     gibbs = dict(
         gibbs_sites=["z"],
         gibbs_fn=make_gibbs_fn(words, mask, alpha, parametrisation),

@@ -227,7 +227,10 @@ class CSGLD(SGMCMCKernel):
     the chain back down (on a 2-d normal with ``m Δu = 6`` that distorted the learned ``θ`` of the upper
     bins by factors of 2-5; with ``m Δu = 20`` they matched). Each chain calibrates its own grid.
 
-    :param step_size: ``h`` (the paper's ``ε``), a float or a schedule.
+    :param step_size: ``h`` (the paper's ``ε``), a float or a schedule. The flattened drift's multiplier
+        (up to ``1 + ζτ/Δu·|Δ log θ|``) amplifies SGLD's discretisation bias, and the weights do not correct
+        it: on N(0, 1) with 20 bins the weighted ``E[x²]`` was 0.92 at ``h = 0.1`` and 0.96-1.04 at
+        ``h = 0.02``; check that importance-weighted results are stable when ``h`` is halved.
     :param int num_partitions: ``m >= 2`` energy bins (default 100).
     :param energy_gap: ``Δu > 0``, or ``"auto"`` (default).
     :param energy_min: ``u_min``, or ``"auto"`` (default).

@@ -12,20 +12,26 @@ The same algorithms, arguments and update rules as :mod:`ppl_sgmcmc.numpyro`::
 """
 
 from ppl_sgmcmc.pyro.handlers import FullDataModel, full_data, subsample_plates
-from ppl_sgmcmc.pyro.inference_data import full_data_log_likelihood, to_inference_data
+from ppl_sgmcmc.pyro.inference_data import full_data_log_likelihood, sample_stats, to_inference_data
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel, SGMCMCState
-from ppl_sgmcmc.pyro.kernels import PSGLD, SGHMC, SGLD, SGNHT
+from ppl_sgmcmc.pyro.kernels import CSGHMC, CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT, SGRLD, ContourState
 
 __all__ = [
+    "CSGHMC",
+    "CSGLD",
+    "ContourState",
     "FullDataModel",
     "PSGLD",
+    "SGFS",
     "SGHMC",
     "SGLD",
     "SGMCMCKernel",
     "SGMCMCState",
     "SGNHT",
+    "SGRLD",
     "full_data",
     "full_data_log_likelihood",
+    "sample_stats",
     "subsample_plates",
     "to_inference_data",
 ]

@@ -18,12 +18,28 @@ from pyro.infer import Predictive
 
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 
-__all__ = ["full_data_log_likelihood", "to_inference_data"]
+__all__ = ["full_data_log_likelihood", "sample_stats", "to_inference_data"]
 
 
-def _check(mcmc):
-    if not isinstance(getattr(mcmc, "kernel", None), SGMCMCKernel) or mcmc.kernel.model is None:
-        raise TypeError("expected an `MCMC` run with a ppl_sgmcmc kernel built from a model.")
+def _check(mcmc, needs_model=True):
+    if not isinstance(getattr(mcmc, "kernel", None), SGMCMCKernel) or (needs_model and mcmc.kernel.model is None):
+        raise TypeError(
+            "expected an `MCMC` run with a ppl_sgmcmc kernel" + (" built from a model." if needs_model else ".")
+        )
+
+
+def sample_stats(mcmc):
+    """The per-draw statistics a kernel records besides ``diverging``, as ``{name: array (chain, draw)}``
+    (NumPy): ``log_weight`` and ``partition`` for :class:`~ppl_sgmcmc.pyro.CSGLD` and
+    :class:`~ppl_sgmcmc.pyro.CSGHMC`; ``{}`` for the other kernels. Pyro's ``MCMC`` returns them
+    through each chain's :meth:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel.diagnostics`."""
+    _check(mcmc, needs_model=False)
+    chains = mcmc._diagnostics
+    out = {}
+    for name in getattr(mcmc.kernel, "sample_stats_fields", ()):
+        if chains and all(chain is not None and name in chain for chain in chains):
+            out[name] = np.stack([np.asarray(chain[name]) for chain in chains])
+    return out
 
 
 def _observed_sites(mcmc):
@@ -75,7 +91,11 @@ def to_inference_data(mcmc, log_likelihood=True, chunk_size=256, **kwargs):
       sites left out), computed ``chunk_size`` draws at a time (see :func:`full_data_log_likelihood`);
       ``False`` skips it (for very large ``N``).
     - ``observed_data`` holds the observed sites on their full data, without deterministic sites.
-    - ``sample_stats.diverging`` marks the rejected non-finite steps among the draws.
+    - ``sample_stats.diverging`` marks the rejected non-finite steps among the draws; CSGLD and CSGHMC
+      runs add ``log_weight`` and ``partition`` (see :func:`sample_stats`; ``arviz.from_pyro`` leaves
+      them out), which :mod:`ppl_sgmcmc.importance` reads.
+    - A kernel built from ``potential_fn`` has no model: the result has ``posterior`` and
+      ``sample_stats`` only.
 
     Other keyword arguments go to :func:`arviz.from_pyro` (``coords``, ``dims``, ...).
 
@@ -94,8 +114,15 @@ def to_inference_data(mcmc, log_likelihood=True, chunk_size=256, **kwargs):
         >>> idata.log_likelihood["y"].shape, idata.observed_data["y"].shape
         ((1, 100, 1000), (1000,))
     """
-    _check(mcmc)
+    _check(mcmc, needs_model=False)
     idata = az.from_pyro(mcmc, log_likelihood=False, **kwargs)
+    stats = sample_stats(mcmc)
+    if stats:
+        idata.sample_stats = idata.sample_stats.assign(
+            {name: (("chain", "draw"), values) for name, values in stats.items()}
+        )
+    if mcmc.kernel.model is None:
+        return idata
     names = _observed_sites(mcmc)
     if "observed_data" in idata.groups():
         observed = idata.observed_data.drop_vars([name for name in idata.observed_data.data_vars if name not in names])

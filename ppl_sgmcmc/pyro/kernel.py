@@ -81,6 +81,15 @@ class SGMCMCKernel(MCMCKernel):
 
     rule = None  # a module of ppl_sgmcmc.rules, set by subclasses
     needs_score = False  # whether the rule reads the mean per-datum score ḡ_t (costs a second backward pass)
+    constrained = False  # True: the chain moves the latents in their own support (no transforms; SGRLD)
+
+    @property
+    def _score_kind(self):
+        """What the target's gradient must also return: ``"per_example"`` scores (rules with
+        ``PER_EXAMPLE_SCORES``, SGFS), the mean score (``True``) or nothing (``False``)."""
+        if getattr(self.rule, "PER_EXAMPLE_SCORES", False):
+            return "per_example"
+        return self.needs_score
     diagnostics_every = 100  # steps between refreshes of the progress-bar string
 
     def __init__(
@@ -178,10 +187,7 @@ class SGMCMCKernel(MCMCKernel):
         self._warmup_steps = warmup_steps
         args, kwargs = as_tensors(args), as_tensors(kwargs)
         if self._model is not None:
-            target = ModelTarget(
-                self._model, args, kwargs, self._replace, name, self._init_strategy, self._compile,
-                warn_no_plate=not self._warned_no_plate,
-            )  # fmt: skip
+            target = self._make_target(args, kwargs)
             self._warned_no_plate = self._warned_no_plate or not target.plate_sizes
             if self._initial_params is None:
                 self._initial_params = target.initial_params()
@@ -209,6 +215,14 @@ class SGMCMCKernel(MCMCKernel):
         self._divergences = []
         self._num_diverging = 0
         self._logging = None
+
+    def _make_target(self, args, kwargs):
+        """The model's stochastic potential (:class:`~ppl_sgmcmc.pyro.potential.ModelTarget`), in the
+        latents' own space if :attr:`constrained`."""
+        return ModelTarget(
+            self._model, args, kwargs, self._replace, type(self).__name__, self._init_strategy, self._compile,
+            warn_no_plate=not self._warned_no_plate, constrained=self.constrained,
+        )  # fmt: skip
 
     def sample(self, params):
         """``steps_per_sample`` steps of the chain; returns the new unconstrained latent values (and,
@@ -239,7 +253,7 @@ class SGMCMCKernel(MCMCKernel):
         new_flat, rule_state, gradient = self.rule.step(
             flat,
             state.rule_state,
-            lambda x: self._target.gradient(x, batch, self.needs_score),
+            lambda x: self._target.gradient(x, batch, self._score_kind),
             self._normal(flat),
             step_size,
             **self._hyper,
@@ -247,7 +261,8 @@ class SGMCMCKernel(MCMCKernel):
         # one reduction: a sum is finite only if its terms are (a non-finite gradient reaches the new state)
         total = gradient.energy + new_flat.sum()
         for leaf in rule_state:
-            total = total + leaf.sum()
+            if leaf is not None:  # e.g. CSGLD's momentum
+                total = total + leaf.sum()
         if bool(torch.isfinite(total)):
             self._flat = new_flat
             energy, diverging = gradient.energy, False

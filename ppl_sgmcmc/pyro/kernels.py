@@ -4,9 +4,12 @@ hyper-parameters; :class:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel` does the rest.
 The names, arguments, defaults and update rules are those of :mod:`ppl_sgmcmc.numpyro.kernels`:
 both backends call the same functions of :mod:`ppl_sgmcmc.rules`, here on torch tensors."""
 
+import math
+import warnings
+
 from ppl_sgmcmc import _checks
-from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
-from ppl_sgmcmc.rules import psgld, sghmc, sgld, sgnht
+from ppl_sgmcmc.pyro.kernel import SGMCMCKernel, SGMCMCState
+from ppl_sgmcmc.rules import csgld, psgld, sgfs, sghmc, sgld, sgnht, sgrld
 
 INTEGRATORS = ("splitting", "euler")
 
@@ -174,3 +177,445 @@ class PSGLD(SGMCMCKernel):
     def hyperparameters(self):
         """The rule's keyword arguments besides ``step_size``."""
         return dict(super().hyperparameters(), alpha=self._alpha, eps=self._eps)
+
+
+# --- contour SG-MCMC (CSGLD / CSGHMC) ---------------------------------------------------------------
+class ContourState(SGMCMCState):
+    """:class:`~ppl_sgmcmc.pyro.kernel.SGMCMCState` of :class:`CSGLD`/:class:`CSGHMC`, with the contour
+    quantities of the rule state (:class:`ppl_sgmcmc.rules.csgld.CSGLDState`) readable as top-level
+    attributes: ``log_weight``, ``partition``, ``multiplier``, ``theta`` (the partition weights, ``(m,)``),
+    ``energy_min``, ``energy_gap``."""
+
+    __slots__ = ()
+
+    log_weight = property(lambda self: self.rule_state.log_weight, doc="log importance weight of the sample")
+    partition = property(lambda self: self.rule_state.partition, doc="0-based energy bin of the sample")
+    multiplier = property(lambda self: self.rule_state.multiplier, doc="gradient multiplier used at the sample")
+    theta = property(lambda self: self.rule_state.theta, doc="the learned partition weights θ")
+    energy_min = property(lambda self: self.rule_state.energy_min, doc="the grid's u_min")
+    energy_gap = property(lambda self: self.rule_state.energy_gap, doc="the grid's Δu")
+
+
+class CSGLD(SGMCMCKernel):
+    """Contour stochastic gradient Langevin dynamics (Deng, Lin & Liang, NeurIPS 2020): SGLD on the
+    flattened density ``ϖ ∝ π / Ψ_θ(U)^ζ``, with importance weights that restore ``π``.
+
+    The arguments, defaults, validation and rule (:mod:`ppl_sgmcmc.rules.csgld`) are those of
+    :class:`ppl_sgmcmc.numpyro.CSGLD`, whose docstring explains them. With the energy grid
+    ``u_min + k Δu`` (``m`` bins, 0-based bin ``j`` of the minibatch energy ``Ũ_t(x)``,
+    ``j⁻ = max(j-1, 0)``), at each step::
+
+        θ(i) ← θ(i) + ω_k θ(j)^ζ (1[i = j] - θ(i))
+        x ← x - h [1 + (ζ τ / Δu)(log θ(j) - log θ(j⁻))] ∇Ũ_t(x) + sqrt(2 h τ) ξ
+
+    and the sample ``x`` (the point of its own gradient) gets the log weight ``ζ log Ψ_θ(Ũ_t(x))``.
+
+    **Output.** Each kept draw's ``log_weight`` and ``partition`` are returned by :meth:`diagnostics`
+    (one list per chain, so they come back from Pyro's worker processes too), with the chain's final
+    ``theta``, ``energy_min`` and ``energy_gap``. :func:`ppl_sgmcmc.pyro.to_inference_data` puts
+    ``log_weight`` and ``partition`` in ``sample_stats`` (``arviz.from_pyro`` keeps only
+    ``diverging`` there), so :mod:`ppl_sgmcmc.importance` applies unchanged;
+    :func:`ppl_sgmcmc.pyro.sample_stats` returns them as arrays.
+
+    **Energy grid.** ``energy_min="auto"``/``energy_gap="auto"`` (default) calibrate the grid during the
+    first ``calibration_steps`` steps (default: half of ``warmup_steps × steps_per_sample``); they need
+    ``warmup_steps > 0``. Each chain calibrates its own grid.
+
+    :param step_size: ``h``, a float or a schedule.
+    :param int num_partitions: ``m >= 2`` energy bins (default 100).
+    :param energy_gap: ``Δu > 0``, or ``"auto"`` (default).
+    :param energy_min: ``u_min``, or ``"auto"`` (default).
+    :param float zeta: the flattening strength ``ζ >= 0`` (default 0.75); ``ζ = 0`` is SGLD.
+    :param sa_step_size: ``ω_k``, a float in (0, 1) or a schedule; default ``1 / (k^0.6 + 100)``.
+    :param str weight: ``"interpolated"`` (default) or ``"bin"``.
+    :param calibration_steps: the steps that calibrate an ``"auto"`` grid (default: half the warm-up steps).
+    :param str adapt_theta: ``"always"`` (default) or ``"warmup"`` (``θ`` frozen after the warm-up).
+    :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel`.
+
+    **Example** (the two-mode target of the paper, ``0.4 N(-6, 1) + 0.6 N(4, 1)``)::
+
+        >>> import torch, pyro
+        >>> from pyro.infer import MCMC
+        >>> from ppl_sgmcmc.importance import weighted_mean
+        >>> from ppl_sgmcmc.pyro import to_inference_data
+        >>> def energy(z):
+        ...     x = z["x"]
+        ...     return -torch.logaddexp(torch.log(torch.tensor(0.4)) - (x + 6) ** 2 / 2,
+        ...                             torch.log(torch.tensor(0.6)) - (x - 4) ** 2 / 2)
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = CSGLD(potential_fn=energy, step_size=0.1, num_partitions=50, energy_gap=1.0,
+        ...                steps_per_sample=5)
+        >>> mcmc = MCMC(kernel, warmup_steps=100, num_samples=200, initial_params={"x": torch.tensor(4.0)},
+        ...             disable_progbar=True)
+        >>> mcmc.run()
+        >>> idata = to_inference_data(mcmc)
+        >>> sorted(idata.sample_stats.data_vars), idata.sample_stats["log_weight"].shape
+        (['diverging', 'log_weight', 'partition'], (1, 200))
+        >>> estimate = weighted_mean(idata)["x"]  # Σ w x / Σ w, the estimate of π's mean
+    """
+
+    rule = csgld
+    integrator = "langevin"
+    #: per-draw statistics returned by :meth:`diagnostics` and put in ArviZ's ``sample_stats``
+    sample_stats_fields = ("log_weight", "partition")
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        *,
+        step_size,
+        num_partitions=100,
+        energy_gap="auto",
+        energy_min="auto",
+        zeta=0.75,
+        sa_step_size=csgld.default_sa_step_size,
+        weight="interpolated",
+        calibration_steps=None,
+        adapt_theta="always",
+        **kwargs,
+    ):
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        name = type(self).__name__
+        self._adapt_theta = _checks.choice("adapt_theta", adapt_theta, ("always", "warmup"), name)
+        self._num_partitions = _checks.int_at_least("num_partitions", num_partitions, 2, name)
+        self._energy_gap = None if energy_gap == "auto" else _checks.positive("energy_gap", energy_gap, name)
+        self._energy_min = None if energy_min == "auto" else _checks.finite("energy_min", energy_min, name)
+        self._zeta = _checks.non_negative("zeta", zeta, name)
+        if not callable(sa_step_size):
+            sa_step_size = _checks.in_unit_interval("sa_step_size", sa_step_size, name)
+        self._sa_step_size = sa_step_size
+        self._weight = _checks.choice("weight", weight, csgld.WEIGHTS, name)
+        if calibration_steps is not None:
+            calibration_steps = _checks.int_at_least("calibration_steps", calibration_steps, 2, name)
+        self._requested_calibration = calibration_steps
+        self._calibration_steps = 0
+        self._adaptation_steps = None
+        self._records = {field: [] for field in self.sample_stats_fields}
+
+    @property
+    def auto_grid(self):
+        """Whether the energy grid is chosen from the warm-up."""
+        return self._energy_min is None or self._energy_gap is None
+
+    def hyperparameters(self):
+        """The rule's keyword arguments besides ``step_size``."""
+        return dict(
+            super().hyperparameters(),
+            num_partitions=self._num_partitions,
+            energy_min=self._energy_min,
+            energy_gap=self._energy_gap,
+            zeta=self._zeta,
+            sa_step_size=self._sa_step_size,
+            calibration_steps=self._calibration_steps,
+            adaptation_steps=self._adaptation_steps,
+            weight=self._weight,
+            integrator=self.integrator,
+        )
+
+    def setup(self, warmup_steps, *args, **kwargs):
+        """As :meth:`SGMCMCKernel.setup <ppl_sgmcmc.pyro.kernel.SGMCMCKernel.setup>`, after fixing the
+        calibration and adaptation windows from ``warmup_steps``."""
+        name = type(self).__name__
+        steps = warmup_steps * self._steps_per_sample
+        if not self.auto_grid:
+            self._calibration_steps = 0
+        elif self._requested_calibration is not None:
+            if self._requested_calibration > steps:
+                raise ValueError(
+                    f"{name}: `calibration_steps` ({self._requested_calibration}) exceeds the warm-up "
+                    f"({steps} steps): draws taken before the grid is set carry no valid weight. "
+                    "Lengthen `warmup_steps` or shorten `calibration_steps`."
+                )
+            self._calibration_steps = self._requested_calibration
+        else:
+            self._calibration_steps = steps // 2
+            if self._calibration_steps < 2:
+                raise ValueError(
+                    f"{name}: `energy_min`/`energy_gap` \"auto\" choose the energy grid during the warm-up, "
+                    f"but warmup_steps={warmup_steps} gives too few steps. Set `warmup_steps` (hundreds of steps "
+                    "or more), or give `energy_min` and `energy_gap` explicitly."
+                )
+        if self._adapt_theta == "warmup":
+            if steps <= self._calibration_steps:
+                raise ValueError(
+                    f"{name}: with adapt_theta=\"warmup\" the partition weights are learned during the warm-up after "
+                    f"the grid is set, but the warm-up ({steps} steps) leaves no step for it. Lengthen `warmup_steps`."
+                )
+            self._adaptation_steps = steps
+        else:
+            self._adaptation_steps = None
+        super().setup(warmup_steps, *args, **kwargs)
+        self._records = {field: [] for field in self.sample_stats_fields}
+
+    def _start(self, params):
+        super()._start(params)
+        self._state = ContourState(*self._state)
+
+    def _step(self):
+        diverging = super()._step()
+        self._state = ContourState(*self._state)
+        return diverging
+
+    def sample(self, params):
+        """As the base class; records the kept draws' ``log_weight`` and ``partition``."""
+        params = super().sample(params)
+        if self._draws > self._warmup_steps:
+            rule_state = self._state.rule_state
+            self._records["log_weight"].append(float(rule_state.log_weight))
+            self._records["partition"].append(int(rule_state.partition))
+        return params
+
+    def diagnostics(self):
+        """The base class's, plus ``log_weight`` and ``partition`` of every kept draw (lists) and the
+        chain's final ``theta`` (a list of ``m`` floats), ``energy_min`` and ``energy_gap``."""
+        out = super().diagnostics()
+        out.update({field: list(values) for field, values in self._records.items()})
+        if self._state is not None:
+            rule_state = self._state.rule_state
+            out["theta"] = rule_state.theta.tolist()
+            out["energy_min"] = float(rule_state.energy_min)
+            out["energy_gap"] = float(rule_state.energy_gap)
+        return out
+
+    def _logging_items(self, state):
+        items = super()._logging_items(state)
+        items["bin"] = int(state.rule_state.partition)
+        items["mult"] = f"{float(state.rule_state.multiplier):.3g}"
+        return items
+
+
+class CSGHMC(CSGLD):
+    """Contour SGHMC (Deng, Lin & Liang, NeurIPS 2020, §4.2): the energy flattening and importance
+    weights of :class:`CSGLD` inside the SGHMC momentum integrator of :class:`SGHMC` (identity mass),
+    the gradient ``∇Ũ_t`` replaced by ``[1 + (ζ τ / Δu)(log θ(j) - log θ(j⁻))] ∇Ũ_t``; as
+    :class:`ppl_sgmcmc.numpyro.CSGHMC`.
+
+    With the splitting integrator the gradient, and so the energy and the weight, is taken at the
+    midpoint ``θ + (h/2) p``: the draws are those midpoints (see :mod:`ppl_sgmcmc.rules.csgld`).
+
+    :param step_size: ``h``, a float or a schedule.
+    :param friction: ``A > 0`` (default 1.0), also the injected noise's diffusion.
+    :param integrator: ``"splitting"`` (default) or ``"euler"``.
+
+    The contour arguments are those of :class:`CSGLD`.
+
+    **Example**::
+
+        >>> import torch, pyro
+        >>> from pyro.infer import MCMC
+        >>> kernel = CSGHMC(potential_fn=lambda z: (z["x"] ** 2 - 4) ** 2 / 2, step_size=0.1, num_partitions=20)
+        >>> mcmc = MCMC(kernel, warmup_steps=200, num_samples=100, initial_params={"x": torch.tensor(2.0)},
+        ...             disable_progbar=True)
+        >>> mcmc.run()
+        >>> diagnostics = mcmc.diagnostics()
+        >>> len(diagnostics["log_weight"]["chain 0"]), len(diagnostics["theta"]["chain 0"])
+        (100, 20)
+    """
+
+    def __init__(self, model=None, potential_fn=None, *, step_size, friction=1.0, integrator="splitting", **kwargs):
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        self._friction = _checks.positive("friction", friction, type(self).__name__)
+        self.integrator = _checks.choice("integrator", integrator, INTEGRATORS, type(self).__name__)
+
+    def hyperparameters(self):
+        """The rule's keyword arguments besides ``step_size``."""
+        return dict(super().hyperparameters(), friction=self._friction)
+
+
+# --- SGFS -------------------------------------------------------------------------------------------------
+class SGFS(SGMCMCKernel):
+    """Stochastic gradient Fisher scoring (Ahn, Korattikara & Welling, ICML 2012), Algorithm 1, with the
+    arguments, defaults, validation and rule (:mod:`ppl_sgmcmc.rules.sgfs`) of
+    :class:`ppl_sgmcmc.numpyro.SGFS`, whose docstring explains them.
+
+    With the minibatch's per-datum scores ``g_i = ∇ log p(x_i | θ)`` (``n`` of them), ``N`` the subsampled
+    plate's size, ``γ = (n + N)/n`` and step size ``ε``::
+
+        V_t = (1/(n-1)) Σ_i (g_i - ḡ)(g_i - ḡ)ᵀ
+        Î_t = (1 - κ_t) Î_{t-1} + κ_t V_t,      κ_t = 1/t   (1/min(t, fisher_window) during warm-up)
+        θ ← θ + 2 (γ N Î_t + 4B/ε)⁻¹ (∇ log p(θ) + N ḡ + η),      η ~ N(0, 4B/ε)
+
+    The per-datum scores come from the declared model: one run on the minibatch keeps each datum's
+    log-likelihood apart (the subsampled plate's dimension of every observed site's ``log_prob``), and
+    one batched backward pass (``torch.autograd.grad(..., is_grads_batched=True)``) gives the ``n×d``
+    matrix; this is traced into the potential's graph like the gradient. The model needs exactly one
+    plate with ``subsample_size = n ≥ 2`` around its observed sites.
+
+    :param step_size: ``ε > 0``, a float, ``float("inf")`` (``α = 0``) or a schedule.
+    :param alpha: instead of ``step_size``, the paper's ``α = 2/sqrt(ε) ≥ 0``.
+    :param fisher: ``"full"`` (SGFS-f, default) or ``"diagonal"`` (SGFS-d).
+    :param B: ``"fisher"`` (default, ``B = γ N Î_t``), ``"identity"``, a positive scalar, a vector of ``d``
+        positive entries, or (full form) a ``d×d`` matrix (latents flattened in sorted site order).
+    :param ridge: the preconditioner uses ``Î + ridge·Diag(Î)`` (default ``1e-4``).
+    :param fisher_window: the warm-up averaging window (default 100), or ``None``.
+    :param max_full_dim: the largest ``d`` for ``fisher="full"`` (default 2000).
+
+    The Fisher estimate is ``kernel.state.rule_state.fisher`` during a run. ``temperature`` must stay 1.
+    Other arguments: see :class:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel`.
+
+    **Example** (Bayesian logistic regression, ``α = 0``)::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> def model(X, y):
+        ...     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        ...     with pyro.plate("data", X.shape[0], subsample_size=100):
+        ...         logits = pyro.subsample(X, event_dim=1) @ w
+        ...         pyro.sample("y", dist.Bernoulli(logits=logits), obs=pyro.subsample(y, event_dim=0))
+        >>> pyro.set_rng_seed(1)
+        >>> X = torch.randn(2000, 2)
+        >>> u = torch.rand(2000)
+        >>> y = (X @ torch.tensor([1.0, -1.0]) > torch.log(u / (1 - u))).float()  # logistic noise
+        >>> mcmc = MCMC(SGFS(model, alpha=0.0), warmup_steps=100, num_samples=300, disable_progbar=True)
+        >>> mcmc.run(X, y)
+        >>> w = mcmc.get_samples()["w"]
+        >>> bool(torch.all((w.mean(0) - torch.tensor([1.0, -1.0])).abs() < 0.2))
+        True
+    """
+
+    rule = sgfs
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        *,
+        step_size=None,
+        alpha=None,
+        fisher="full",
+        B="fisher",
+        ridge=1e-4,
+        fisher_window=100,
+        max_full_dim=sgfs.MAX_FULL_DIM,
+        **kwargs,
+    ):
+        name = type(self).__name__
+        if potential_fn is not None:
+            raise ValueError(
+                f"{name}: SGFS needs the per-datum scores of a model's subsampled plate; give `model`, not "
+                "`potential_fn`."
+            )
+        if (step_size is None) == (alpha is None):
+            raise ValueError(f"{name}: give exactly one of `step_size` (ε) and `alpha` (α = 2/sqrt(ε)).")
+        if alpha is not None:
+            step_size = sgfs.alpha_to_step_size(_checks.non_negative("alpha", alpha, name))
+        if kwargs.get("temperature", 1.0) != 1.0:
+            raise ValueError(f"{name}: `temperature` must be 1; SGFS (Algorithm 1) has no temperature.")
+        infinite = not callable(step_size) and isinstance(step_size, (int, float)) and step_size == math.inf
+        super().__init__(model, potential_fn, step_size=1.0 if infinite else step_size, **kwargs)
+        if infinite:
+            self._step_size = math.inf
+        self._fisher = _checks.choice("fisher", fisher, sgfs.FISHER_FORMS, name)
+        if isinstance(B, str):
+            self._B = _checks.choice("B", B, ("fisher", "identity"), name)
+        else:
+            self._B = _checks.positive_definite("B", B, name)
+            if self._fisher == "diagonal" and self._B.ndim == 2:
+                raise ValueError(
+                    f"{name}: fisher='diagonal' needs a diagonal `B` (a scalar or a vector), got a matrix; use "
+                    "fisher='full' or pass its diagonal."
+                )
+        self._ridge = _checks.non_negative("ridge", ridge, name)
+        if fisher_window is not None:
+            fisher_window = _checks.positive_int("fisher_window", fisher_window, name)
+        self._fisher_window = fisher_window
+        self._max_full_dim = _checks.positive_int("max_full_dim", max_full_dim, name)
+        self._num_warmup = 0
+
+    def hyperparameters(self):
+        """The rule's keyword arguments besides ``step_size`` (no temperature)."""
+        return dict(
+            data_size=self._target.data_size,
+            fisher=self._fisher,
+            B=self._B,
+            ridge=self._ridge,
+            num_warmup=self._num_warmup * self._steps_per_sample,  # in steps
+            fisher_window=self._fisher_window,
+            max_full_dim=self._max_full_dim,
+        )
+
+    def _make_target(self, args, kwargs):
+        target = super()._make_target(args, kwargs)
+        target.enable_per_example_scores()  # checks the plate before anything is traced
+        return target
+
+    def setup(self, warmup_steps, *args, **kwargs):
+        """As the base class; checks ``fisher``, ``B`` and ``max_full_dim`` against the model's dimension."""
+        name = type(self).__name__
+        self._num_warmup = int(warmup_steps)
+        super().setup(warmup_steps, *args, **kwargs)
+        ((_, (_, n)),) = self._target.plate_sizes.items()
+        d = self._target.layout.size
+        try:
+            sgfs._check(d, self._fisher, self._B, self._max_full_dim)
+        except sgfs.SGFSConfigError as err:
+            raise ValueError(f"{name}: {err}") from None
+        if self._fisher == "full" and n <= d and self._ridge < 1e-2:
+            warnings.warn(
+                f"{name}: the minibatch (n = {n}) is not larger than the number of parameters "
+                f"(d = {d}), so the Fisher estimate is singular for the first ~d/n steps and, with ridge = "
+                f"{self._ridge:g}, steps along its null space are huge (rejected as divergent). Use ridge=1e-2 or "
+                "more, a larger subsample_size, or fisher='diagonal'.",
+                stacklevel=2,
+            )
+
+
+# --- SGRLD ------------------------------------------------------------------------------------------------
+def _is_positive(support):
+    """Whether ``support`` is ``constraints.positive`` (or ``nonnegative``, torch's support of ``Gamma``,
+    ``Exponential``, ``HalfNormal``), possibly made independent over event dimensions."""
+    from pyro.distributions import constraints
+
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return support is constraints.positive or support is constraints.nonnegative
+
+
+class SGRLD(SGMCMCKernel):
+    """Stochastic gradient Riemannian Langevin dynamics (Patterson & Teh, NeurIPS 2013) with the
+    expanded-mean metric ``G(θ) = diag(θ)`` and mirroring, for positive latents; as
+    :class:`ppl_sgmcmc.numpyro.SGRLD` (rule :mod:`ppl_sgmcmc.rules.sgrld`)::
+
+        θ ← | θ - h (θ ⊙ ∇Ũ_t(θ) - τ) + sqrt(2 h τ θ) ⊙ ζ |
+
+    The chain moves the latents in their own positive space: ``θ`` and ``∇Ũ_t`` are those of the model
+    as declared, without a log transform or its Jacobian (Pyro's ``MCMC`` gets no transforms, so the
+    samples are the values themselves). Every latent must have a positive support (``Gamma``,
+    ``Exponential``, ``HalfNormal``, ``LogNormal``, ...); a model with another latent gets a
+    ``ValueError`` naming it. With ``potential_fn`` the energy is a function of the positive values,
+    and ``initial_params`` must be positive.
+
+    :param step_size: ``h``, a float or a schedule.
+    :param temperature: ``τ`` (default 1).
+
+    **Example** (a Gamma-Poisson model; the posterior of ``rate`` is ``Gamma(2 + Σy, 1 + N)``)::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> def model(y):
+        ...     rate = pyro.sample("rate", dist.Gamma(2.0, 1.0))
+        ...     with pyro.plate("data", y.shape[0], subsample_size=20):
+        ...         pyro.sample("y", dist.Poisson(rate), obs=pyro.subsample(y, event_dim=0))
+        >>> pyro.set_rng_seed(0)
+        >>> mcmc = MCMC(SGRLD(model, step_size=1e-3), warmup_steps=300, num_samples=1000, disable_progbar=True)
+        >>> mcmc.run(torch.full((200,), 3.0))
+        >>> bool(abs(mcmc.get_samples()["rate"].mean() - 602 / 201) < 0.2)
+        True
+    """
+
+    rule = sgrld
+    constrained = True
+
+    def _make_target(self, args, kwargs):
+        target = super()._make_target(args, kwargs)
+        for name, support in target.latent_supports.items():
+            if not _is_positive(support):
+                raise ValueError(
+                    f"{type(self).__name__}: latent site {name!r} has support {support}; SGRLD moves positive latents "
+                    "only (metric diag(θ), mirrored at 0). Declare it with a positive-support prior (e.g. "
+                    "`dist.Gamma(beta, 1.0)`, the expanded-mean parametrisation), or use SGLD, SGHMC or SGNHT."
+                )
+        return target

@@ -81,14 +81,16 @@ class _LogDensity(Messenger):
     plates (``data``) and the others (``prior``); records the deterministic sites' values. With
     ``log_density=False`` it only substitutes and records. Sites stop here: no outer handler sees them."""
 
-    def __init__(self, values, indices, data_sites, log_density=True):
+    def __init__(self, values, indices, data_sites, log_density=True, per_datum=None):
         super().__init__()
         self.values = values
         self.indices = indices
         self.data_sites = data_sites
         self.log_density = log_density
+        self.per_datum_plate = per_datum  # (plate name, N/n): also record each datum's log-likelihood
         self.prior = []
         self.data = []
+        self.per_datum = []
         self.deterministic = {}
 
     def _pyro_sample(self, msg):
@@ -110,8 +112,23 @@ class _LogDensity(Messenger):
             msg["value"] = self.values[name]
             msg["done"] = True
         if self.log_density:
-            log_prob = scale_and_mask(msg["fn"].log_prob(msg["value"]), msg["scale"], msg["mask"]).sum()
-            (self.data if name in self.data_sites else self.prior).append(log_prob)
+            log_prob = scale_and_mask(msg["fn"].log_prob(msg["value"]), msg["scale"], msg["mask"])
+            if self.per_datum_plate is not None and name in self.data_sites:
+                self.per_datum.append(self._per_datum(msg, log_prob))
+            (self.data if name in self.data_sites else self.prior).append(log_prob.sum())
+
+    def _per_datum(self, msg, log_prob):
+        """The ``(n,)`` log-likelihoods of the minibatch's data at this site, without the plate's ``N/n``
+        (any other scale kept)."""
+        plate, plate_scale = self.per_datum_plate
+        (frame,) = [f for f in msg["cond_indep_stack"] if f.name == plate]
+        n = frame.size
+        dim = frame.dim
+        if log_prob.dim() < -dim:
+            log_prob = log_prob.reshape((1,) * (-dim - log_prob.dim()) + log_prob.shape)
+        log_prob = log_prob.movedim(dim, 0)
+        log_prob = log_prob.expand((n,) + log_prob.shape[1:]).reshape(n, -1).sum(1)
+        return log_prob / plate_scale
 
 
 def _total(terms, like):
@@ -127,9 +144,10 @@ def _is_real(support):
 class _Layout:
     """Where each latent site lives in the flat unconstrained vector (sites sorted by name, as
     ``jax.flatten_util.ravel_pytree`` orders a dict), with its unconstrained shape, and the bijection
-    to its support."""
+    to its support. With ``constrained`` the flat vector holds the latents' own values: no bijection,
+    no log-Jacobian (SGRLD)."""
 
-    def __init__(self, shapes, supports):
+    def __init__(self, shapes, supports, constrained=False):
         self.names = sorted(shapes)
         self.shapes = {name: torch.Size(shapes[name]) for name in self.names}
         self.slices, start = {}, 0
@@ -139,7 +157,7 @@ class _Layout:
             start += size
         self.size = start
         self.bijections = {name: biject_to(supports[name]) for name in self.names}
-        self.real = {name for name in self.names if _is_real(supports[name])}
+        self.real = set(self.names) if constrained else {name for name in self.names if _is_real(supports[name])}
 
     def unravel(self, flat):
         return {name: flat[a:b].view(self.shapes[name]) for name, (a, b) in self.slices.items()}
@@ -202,9 +220,20 @@ class ModelTarget:
     """The subsampled potential of a Pyro model (see the module docstring)."""
 
     def __init__(
-        self, model, model_args, model_kwargs, replace, kernel_name, init_strategy, compile=True, warn_no_plate=True
+        self,
+        model,
+        model_args,
+        model_kwargs,
+        replace,
+        kernel_name,
+        init_strategy,
+        compile=True,
+        warn_no_plate=True,
+        constrained=False,
     ):
         self.model = model
+        # position in the latents' own (constrained) space: no transforms, no log-Jacobian (SGRLD)
+        self.constrained = constrained
         self.model_args = model_args
         self.model_kwargs = model_kwargs
         self.replace = replace
@@ -234,11 +263,19 @@ class ModelTarget:
         # the mean-score scale N (pSGLD, SGFS); with several subsampled plates the largest one
         self.data_size = max((size for size, _ in self.plate_sizes.values()), default=1)
         supports = {name: model_trace.nodes[name]["fn"].support for name in latents}
-        self.layout = _Layout(  # unconstrained shapes: a simplex of size k has k - 1 free coordinates
-            {name: biject_to(supports[name]).inv(model_trace.nodes[name]["value"]).shape for name in latents},
-            supports,
-        )
-        self.transforms = {name: bijection.inv for name, bijection in self.layout.bijections.items()}
+        self.latent_supports = supports
+        shapes = {  # unconstrained shapes: a simplex of size k has k - 1 free coordinates
+            name: (model_trace.nodes[name]["value"] if constrained else biject_to(supports[name]).inv(
+                model_trace.nodes[name]["value"])).shape
+            for name in latents
+        }  # fmt: skip
+        self.layout = _Layout(shapes, supports, constrained)
+        if constrained:
+            self.transforms = {}
+            self._to_position = {name: (lambda value: value) for name in latents}
+        else:
+            self.transforms = {name: bijection.inv for name, bijection in self.layout.bijections.items()}
+            self._to_position = self.transforms
         self._prototype_values = {name: model_trace.nodes[name]["value"].detach() for name in latents}
         self.first_batch = {
             name: torch.arange(n) for name, (_, n) in self.plate_sizes.items()
@@ -281,11 +318,12 @@ class ModelTarget:
             density = self._run(flat.detach(), {}, self.model_args, self.model_kwargs, full=True)
         return {name: density.deterministic[name] for name in self.deterministic_sites}
 
-    def _run(self, flat, batch, model_args, model_kwargs, full=False, log_density=True):
+    def _run(self, flat, batch, model_args, model_kwargs, full=False, log_density=True, per_datum=False):
         """Run the model once at the unconstrained ``flat`` under :class:`_LogDensity` (on its full data
         if ``full``); returns the handler, and its ``log_det`` of the transforms."""
         values, log_det = self.layout.constrain(flat)
-        density = _LogDensity(values, batch, self.data_sites, log_density)
+        per_datum = self._per_datum_plate() if per_datum else None
+        density = _LogDensity(values, batch, self.data_sites, log_density, per_datum)
         density.log_det = log_det
         with density:
             if full:
@@ -301,7 +339,7 @@ class ModelTarget:
         strategy until the potential and its gradient are finite."""
         values = self._prototype_values
         for _ in range(MAX_INIT_ATTEMPTS):
-            params = {name: self.transforms[name](value).detach() for name, value in values.items()}
+            params = {name: self._to_position[name](value).detach() for name, value in values.items()}
             flat = self.layout.ravel(params) if params else torch.zeros(0)
             with model_errors(self.kernel_name, "computing the first stochastic gradient"):
                 gradient = self._eager_gradient(flat, self.first_batch, False)
@@ -327,15 +365,28 @@ class ModelTarget:
         return minibatch.draw(generator, batch_state, self.plate_sizes, self.replace)
 
     # --- the potential -------------------------------------------------------------------------
-    def energies(self, flat, batch, model_args, model_kwargs):
+    def energies(self, flat, batch, model_args, model_kwargs, per_datum=False):
         """``(prior part, data part)`` of ``Ũ_t`` at the unconstrained ``flat``; the data part holds
-        the sites in subsampled plates, the prior part the others and the log-Jacobian."""
-        density = self._run(flat, batch, model_args, model_kwargs)
-        return -(_total(density.prior, flat) + density.log_det), -_total(density.data, flat)
+        the sites in subsampled plates, the prior part the others and the log-Jacobian. With
+        ``per_datum``, also the ``(n,)`` log-likelihoods of the minibatch's data (see :meth:`per_example`)."""
+        density = self._run(flat, batch, model_args, model_kwargs, per_datum=per_datum)
+        energies = -(_total(density.prior, flat) + density.log_det), -_total(density.data, flat)
+        if per_datum:
+            return energies + (_total(density.per_datum, flat),)
+        return energies
 
     def _value_and_grad(self, flat, batch, model_args, model_kwargs, with_score):
         with torch.enable_grad():
             x = flat.detach().requires_grad_()
+            if with_score == "per_example":
+                prior, data, per_datum = self.energies(x, batch, model_args, model_kwargs, per_datum=True)
+                energy = prior + data
+                grad_data = _grad(data, x, retain_graph=True)
+                grad = _grad(prior, x, retain_graph=True) + grad_data
+                eye = torch.eye(per_datum.shape[0], dtype=per_datum.dtype, device=per_datum.device)
+                (rows,) = torch.autograd.grad(per_datum, x, grad_outputs=eye, is_grads_batched=True, allow_unused=True)
+                rows = torch.zeros(per_datum.shape + x.shape, dtype=x.dtype) if rows is None else rows
+                return energy.detach(), grad, -grad_data / self.data_size, rows
             prior, data = self.energies(x, batch, model_args, model_kwargs)
             energy = prior + data
             if with_score:
@@ -349,18 +400,56 @@ class ModelTarget:
 
     def gradient(self, flat, batch, with_score=False):
         """``StochasticGradient(Ũ_t, ∇Ũ_t, ḡ_t)`` at ``flat`` on the minibatch ``batch``
-        (``ḡ_t`` is ``None`` unless ``with_score``)."""
+        (``ḡ_t`` is ``None`` unless ``with_score``). With ``with_score="per_example"`` also the ``n×d``
+        per-datum scores ``∇ log p(x_i | θ)`` of the minibatch (``per_example``): row ``i`` is the
+        gradient of datum ``i``'s log-likelihood terms, with any user ``scale`` kept and the plate's
+        ``N/n`` not, so the rows average to ``ḡ_t``. They come from one batched backward pass
+        (``torch.autograd.grad(..., is_grads_batched=True)``) over the ``n`` per-datum log-likelihoods
+        of one model run, and are traced into the graph like the gradient."""
         compiled = self._compiled_fn(("gradient", with_score), flat, batch)
         if compiled is None:
             return self._eager_gradient(flat, batch, with_score)
         energy, grad, *score = compiled(flat, *(batch[name] for name in self.plate_sizes), *self._arg_tensors)
-        return StochasticGradient(energy, grad, score[0] if score else None)
+        return StochasticGradient(energy, grad, *(score or [None]))
+
+    # --- per-datum scores (SGFS) ---------------------------------------------------------------
+    def enable_per_example_scores(self):
+        """Check that per-datum scores are defined for this model, for rules with ``PER_EXAMPLE_SCORES``
+        (SGFS): one subsampled plate of at least 2 elements; anything else raises (the NumPyro
+        backend's messages). The kernel then asks :meth:`gradient` for ``with_score="per_example"``."""
+        if len(self.plate_sizes) != 1:
+            found = ", ".join(map(repr, self.plate_sizes)) or "none"
+            raise ValueError(
+                f"{self.kernel_name}: per-datum scores need exactly one plate with `subsample_size` around the "
+                f"likelihood (found: {found}). Declare `pyro.plate(name, N, subsample_size=n)` with n >= 2 "
+                "around all observed sites."
+            )
+        ((name, (_, n)),) = self.plate_sizes.items()
+        if n < 2:
+            raise ValueError(
+                f"{self.kernel_name}: plate {name!r} has subsample_size {n}; the empirical Fisher needs n >= 2 "
+                "(the paper recommends n >= 100)."
+            )
+        self.per_example_scores = True
+
+    per_example_scores = False
+
+    def _per_datum_plate(self):
+        ((name, (size, n)),) = self.plate_sizes.items()
+        return name, size / n
 
     def _compiled_fn(self, key, flat, batch):
         """The traced graph of the gradient (``key = ("gradient", with_score)``) or of the deterministic
         sites (``key = ("deterministic",)``); ``None`` if it is not traced."""
         if key not in self._compiled:
-            traced = compile_.trace(*self.traceable(key, flat, batch), self.kernel_name) if self.compile else None
+            # compile.simplify mis-simplifies the batched backward of the per-datum scores (the column of a
+            # constrained latent came out 0): that graph is used as traced
+            optimize = key != ("gradient", "per_example")
+            traced = (
+                compile_.trace(*self.traceable(key, flat, batch), self.kernel_name, optimize=optimize)
+                if self.compile
+                else None
+            )
             self._compiled[key] = traced
         return self._compiled[key]
 
