@@ -16,6 +16,9 @@ eager model at two points before it is used.
 Before use the graph is simplified (:func:`simplify`): operations on constants only (the prior's
 parameters, ``ones_like`` seeds of the backward pass, ...) are computed once, and no-ops (``detach``,
 ``x * 1``, views to the same shape) are removed. On a small model that halves the operations per step.
+``make_fx`` graphs are not functional: a batched backward (``is_grads_batched``) writes its result into
+``zeros`` buffers in place (``copy_`` into a ``slice``/``select`` view). Tensors written in place, and
+every view of them, are neither folded nor bypassed, so each call starts from fresh buffers.
 """
 
 import warnings
@@ -119,7 +122,12 @@ def _is_noop(node, constants):
     if target in _ALIASES:
         return src
     if not _same(node, src):
-        if target in (aten.add.Tensor, aten.mul.Tensor) and len(args) == 2 and isinstance(args[1], torch.fx.Node):
+        if (
+            target in (aten.add.Tensor, aten.mul.Tensor)
+            and len(args) == 2
+            and not node.kwargs  # add(0, x, alpha=a) is a * x
+            and isinstance(args[1], torch.fx.Node)
+        ):
             if _same(node, args[1]) and _is_constant(args[0], constants, 0 if target is aten.add.Tensor else 1):
                 return args[1]
         return None
@@ -140,25 +148,83 @@ def _is_constant(arg, constants, value):
     return tensor is not None and tensor.numel() <= 2**16 and bool((tensor == value).all())
 
 
+def _schema_args(node):
+    """``(schema argument, value)`` of an ``OpOverload`` node's arguments, positional and keyword."""
+    schema = node.target._schema
+    pairs = list(zip(schema.arguments, node.args))
+    by_name = {a.name: a for a in schema.arguments}
+    pairs += [(by_name[k], v) for k, v in node.kwargs.items() if k in by_name]
+    return pairs
+
+
+def _written(graph):
+    """The nodes whose tensor is written in place somewhere in ``graph``, or shares memory with one that
+    is: the in-place operations' mutated arguments, closed under aliasing (views, ``detach``, reshapes,
+    ``getitem``, in-place results, in both directions: a write into a view writes into its base)."""
+    parent = {}
+
+    def find(n):
+        while parent.get(n, n) is not n:
+            n = parent[n]
+        return n
+
+    def union(a, b):
+        parent[find(a)] = find(b)
+
+    writes = []
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            for n in node.all_input_nodes:  # operator.getitem of a multi-output view, ...: assume aliasing
+                union(node, n)
+            continue
+        for arg, value in _schema_args(node):
+            values = value if isinstance(value, (list, tuple)) else [value]
+            nodes = [v for v in values if isinstance(v, torch.fx.Node)]
+            info = arg.alias_info
+            if info is not None or (node.target in _RESHAPES and arg.name == "self"):
+                for n in nodes:
+                    union(node, n)
+            if info is not None and info.is_write:
+                writes.extend(nodes)
+    if not writes:
+        return set()
+    roots = {find(n) for n in writes}
+    return {n for n in graph.nodes if find(n) in roots}
+
+
+def _mutates(node):
+    return node.target._schema.is_mutable
+
+
 def simplify(gm):
     """Fold constant sub-expressions of an ATen graph into attributes and drop no-ops (in place).
 
     Random operations are never folded; ``ones_like``/``zeros_like``/``full_like`` fold whenever their
-    input's shape is known (they do not read its values). The graph must be functional (``make_fx``
-    output is), so that folded constants are never written to.
+    input's shape is known (they do not read its values). ``make_fx`` output may write in place (the
+    batched backward of :func:`torch.autograd.grad` with ``is_grads_batched`` fills ``zeros`` through
+    ``copy_`` into views): in-place operations, the tensors they write and all their aliases are never
+    folded (a folded buffer would be written, and read before the write at fold time) nor bypassed as
+    no-ops (``x + 0`` of a buffer filled later would read it unfilled; bypassing ``y = x * 1`` with ``y``
+    written would write ``x``). Outputs that end up constants or inputs are returned as copies.
     """
     graph = gm.graph
+    written = _written(graph)
     constants = {}
     for node in list(graph.nodes):
         if node.op == "get_attr":
-            constants[node] = getattr(gm, node.target)
+            if node not in written:
+                constants[node] = getattr(gm, node.target)
             continue
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         target = node.target
-        if torch.Tag.nondeterministic_seeded in target.tags:
+        if torch.Tag.nondeterministic_seeded in target.tags or _mutates(node) or node in written:
             continue
         source = _is_noop(node, constants)
+        if source is not None and any(n in written for n in node.all_input_nodes):
+            source = None
         if source is not None:
             node.replace_all_uses_with(source)
             graph.erase_node(node)
@@ -192,6 +258,23 @@ def simplify(gm):
         node.replace_all_uses_with(folded)
         graph.erase_node(node)
         constants[folded] = value
+    _copy_shared_outputs(graph)
     graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+def _copy_shared_outputs(graph):
+    """Return a ``clone`` of each output that is a folded constant or a graph input, so that a caller
+    writing into an output does not change the graph's constants or its own inputs."""
+    (output,) = [n for n in graph.nodes if n.op == "output"]
+
+    def copy(n):
+        if n.op not in ("get_attr", "placeholder") or not isinstance(_meta(n), torch.Tensor):
+            return n
+        with graph.inserting_before(output):
+            cloned = graph.call_function(aten.clone.default, (n,))
+        cloned.meta = dict(n.meta)
+        return cloned
+
+    output.args = map_arg(output.args, copy)

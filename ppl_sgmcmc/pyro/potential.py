@@ -442,11 +442,8 @@ class ModelTarget:
         """The traced graph of the gradient (``key = ("gradient", with_score)``) or of the deterministic
         sites (``key = ("deterministic",)``); ``None`` if it is not traced."""
         if key not in self._compiled:
-            # compile.simplify mis-simplifies the batched backward of the per-datum scores (the column of a
-            # constrained latent came out 0): that graph is used as traced
-            optimize = key != ("gradient", "per_example")
             traced = (
-                compile_.trace(*self.traceable(key, flat, batch), self.kernel_name, optimize=optimize)
+                compile_.trace(*self.traceable(key, flat, batch), self.kernel_name)
                 if self.compile
                 else None
             )
