@@ -23,8 +23,9 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 def _forwarded_options():
     """The keyword options of the kernels' base classes, which subclasses take through ``**kwargs``."""
     from ppl_sgmcmc.numpyro import SGMCMCKernel
+    from ppl_sgmcmc.pyro import SGMCMCKernel as PyroSGMCMCKernel
 
-    bases = [SGMCMCKernel]
+    bases = [SGMCMCKernel, PyroSGMCMCKernel]
     names = set()
     for base in bases:
         names |= {

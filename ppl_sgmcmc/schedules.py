@@ -14,13 +14,26 @@ __all__ = ["constant", "cyclical", "polynomial"]
 
 
 def constant(step_size):
-    """``h_t = h`` (optax's :func:`optax.constant_schedule`)."""
+    """``h_t = h`` (optax's :func:`optax.constant_schedule`).
+
+    **Example**::
+
+        >>> float(constant(1e-3)(10_000))
+        0.001
+    """
     return optax.constant_schedule(step_size)
 
 
 def polynomial(a, b, gamma):
     """``h_t = a (b + t)^(-γ)`` (Welling & Teh 2011), with ``γ ∈ (0.5, 1]`` for consistency of SGLD;
-    the optimal decay is ``t^(-1/(K+1))`` for a ``K``-th order integrator (Chen et al. 2015)."""
+    the optimal decay is ``t^(-1/(K+1))`` for a ``K``-th order integrator (Chen et al. 2015).
+
+    **Example** (``SGLD(model, step_size=polynomial(1e-2, 10.0, 0.55))``)::
+
+        >>> h = polynomial(a=1.0, b=1.0, gamma=1.0)
+        >>> h(0), h(1), h(9)
+        (1.0, 0.5, 0.1)
+    """
     if not b > 0:
         raise ValueError(f"polynomial schedule: `b` must be positive so that h_0 is finite, got {b}.")
     if not gamma >= 0:
@@ -30,7 +43,14 @@ def polynomial(a, b, gamma):
 
 def cyclical(step_size, num_steps, num_cycles):
     """Cosine cyclical schedule of Zhang et al. (ICLR 2020), restarting ``num_cycles`` times in
-    ``num_steps``: ``h_t = h/2 · (cos(π mod(t, L) / L) + 1)`` with ``L = ceil(num_steps / num_cycles)``."""
+    ``num_steps``: ``h_t = h/2 · (cos(π mod(t, L) / L) + 1)`` with ``L = ceil(num_steps / num_cycles)``.
+
+    **Example** (two cycles of 50 steps)::
+
+        >>> h = cyclical(1e-2, num_steps=100, num_cycles=2)
+        >>> [round(float(h(t)), 4) for t in (0, 25, 49, 50)]
+        [0.01, 0.005, 0.0, 0.01]
+    """
     if not (isinstance(num_cycles, int) and 0 < num_cycles <= num_steps):
         raise ValueError(f"cyclical schedule: need 0 < num_cycles <= num_steps, got {num_cycles} and {num_steps}.")
     cycle_length = math.ceil(num_steps / num_cycles)

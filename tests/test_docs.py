@@ -23,6 +23,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # module -> the API reference page that documents it
 API_PAGES = {
     "ppl_sgmcmc.numpyro": "api/numpyro/index.html",
+    "ppl_sgmcmc.pyro": "api/pyro/index.html",
+    "ppl_sgmcmc.importance": "api/importance/index.html",
     "ppl_sgmcmc.rules": "api/rules/index.html",
     "ppl_sgmcmc.schedules": "api/schedules/index.html",
 }
