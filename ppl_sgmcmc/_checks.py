@@ -6,6 +6,8 @@ Shared by both backends so that the same bad input gets the same error.
 import math
 from numbers import Integral, Real
 
+import numpy as np
+
 
 def positive(name, value, kernel):
     """A finite, strictly positive real number."""
@@ -66,8 +68,6 @@ def int_at_least(name, value, minimum, kernel):
 def positive_definite(name, value, kernel):
     """A positive scalar, a vector of positive diagonal entries, or a symmetric positive-definite matrix;
     returned as a float64 NumPy array."""
-    import numpy as np
-
     try:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -88,3 +88,21 @@ def positive_definite(name, value, kernel):
     except np.linalg.LinAlgError:
         raise ValueError(f"{kernel}: `{name}` must be positive definite (its Cholesky factorisation failed).") from None
     return array
+
+
+def initial_theta(value, num_partitions, auto_grid, kernel):
+    """CSGLD's ``initial_theta``: ``m`` positive finite weights on an explicit grid, normalised to the simplex."""
+    try:
+        theta = None if isinstance(value, str) else np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        theta = None
+    if theta is None or theta.shape != (num_partitions,) or not np.all(np.isfinite(theta)) or not np.all(theta > 0):
+        raise ValueError(
+            f"{kernel}: `initial_theta` must be {num_partitions} (= num_partitions) positive finite weights, got {value!r}."
+        )
+    if auto_grid:
+        raise ValueError(
+            f"{kernel}: `initial_theta` weights the bins of a known grid; give `energy_min` and `energy_gap` "
+            "explicitly (not \"auto\")."
+        )
+    return theta / theta.sum()

@@ -4,6 +4,8 @@ hyper-parameters; :class:`~ppl_sgmcmc.numpyro.kernel.SGMCMCKernel` does the rest
 import math
 import warnings
 
+import jax.numpy as jnp
+
 from ppl_sgmcmc import _checks
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
 from ppl_sgmcmc.rules import psgld, sghmc, sgld, sgnht
@@ -62,6 +64,19 @@ class SGHMC(SGMCMCKernel):
     :param friction: ``A > 0`` (default 1.0), which is also the injected noise's diffusion.
     :param integrator: ``"splitting"`` (default) or ``"euler"``.
     :param temperature: ``τ`` (default 1).
+
+    **Example**::
+
+        >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+        >>> from numpyro.infer import MCMC
+        >>> def model(y):
+        ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
+        ...     with numpyro.plate("data", y.shape[0], subsample_size=10):
+        ...         numpyro.sample("y", dist.Normal(mu, 1), obs=numpyro.subsample(y, event_dim=0))
+        >>> mcmc = MCMC(SGHMC(model, step_size=0.02), num_warmup=500, num_samples=500, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), jnp.ones(100))
+        >>> bool(abs(mcmc.get_samples()["mu"].mean() - 1) < 0.2)
+        True
     """
 
     rule = sghmc
@@ -105,6 +120,19 @@ class SGNHT(SGMCMCKernel):
     :param thermostat: ``"multivariate"`` (default, ``ξ ∈ R^d``) or ``"scalar"``.
     :param integrator: ``"splitting"`` (default) or ``"euler"``.
     :param temperature: ``τ`` (default 1).
+
+    **Example**::
+
+        >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+        >>> from numpyro.infer import MCMC
+        >>> def model(y):
+        ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
+        ...     with numpyro.plate("data", y.shape[0], subsample_size=10):
+        ...         numpyro.sample("y", dist.Normal(mu, 1), obs=numpyro.subsample(y, event_dim=0))
+        >>> mcmc = MCMC(SGNHT(model, step_size=0.02), num_warmup=500, num_samples=500, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), jnp.ones(100))
+        >>> bool(abs(mcmc.get_samples()["mu"].mean() - 1) < 0.2)
+        True
     """
 
     rule = sgnht
@@ -159,6 +187,19 @@ class PSGLD(SGMCMCKernel):
     :param alpha: the RMSprop decay ``α ∈ (0, 1)`` (default 0.99).
     :param eps: the regulariser ``λ > 0`` (default 1e-5).
     :param temperature: ``τ`` (default 1).
+
+    **Example**::
+
+        >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+        >>> from numpyro.infer import MCMC
+        >>> def model(y):
+        ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
+        ...     with numpyro.plate("data", y.shape[0], subsample_size=10):
+        ...         numpyro.sample("y", dist.Normal(mu, 1), obs=numpyro.subsample(y, event_dim=0))
+        >>> mcmc = MCMC(PSGLD(model, step_size=1e-3), num_warmup=500, num_samples=500, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), jnp.ones(100))
+        >>> bool(abs(mcmc.get_samples()["mu"].mean() - 1) < 0.2)
+        True
     """
 
     rule = psgld
@@ -248,7 +289,11 @@ class CSGLD(SGMCMCKernel):
         0.411 ± 0.003 after 6e5. With ``θ`` frozen the draws are an ordinary Markov chain on the
         flattened density and the weights are exact for it (0.407 ± 0.017 and 0.397 ± 0.014 on two seeds
         after 1.5e5 steps), at the
-        price of a ``θ`` learned from the warm-up only.
+        price of a ``θ`` learned from the warm-up only. ``"never"``: ``θ`` stays at ``initial_theta``
+        (required) for the whole run: the paper's KSGLD, with ``θ`` known.
+    :param initial_theta: ``θ``'s starting value instead of the uniform one: ``m`` positive finite weights
+        of the bins of the given grid (normalised to sum to 1). Needs explicit ``energy_min`` and
+        ``energy_gap`` (a weight vector means nothing on a grid chosen later).
     :param temperature: ``τ`` (default 1).
 
     Other arguments: see :class:`~ppl_sgmcmc.numpyro.kernel.SGMCMCKernel`.
@@ -291,11 +336,12 @@ class CSGLD(SGMCMCKernel):
         weight="interpolated",
         calibration_steps=None,
         adapt_theta="always",
+        initial_theta=None,
         **kwargs,
     ):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
         name = type(self).__name__
-        self._adapt_theta = _checks.choice("adapt_theta", adapt_theta, ("always", "warmup"), name)
+        self._adapt_theta = _checks.choice("adapt_theta", adapt_theta, ("always", "warmup", "never"), name)
         self._num_partitions = _checks.int_at_least("num_partitions", num_partitions, 2, name)
         self._energy_gap = None if energy_gap == "auto" else _checks.positive("energy_gap", energy_gap, name)
         self._energy_min = None if energy_min == "auto" else _checks.finite("energy_min", energy_min, name)
@@ -309,6 +355,14 @@ class CSGLD(SGMCMCKernel):
         self._requested_calibration = calibration_steps
         self._calibration_steps = 0
         self._adaptation_steps = None
+        self._initial_theta = None
+        if initial_theta is not None:
+            self._initial_theta = _checks.initial_theta(initial_theta, self._num_partitions, self.auto_grid, name)
+        elif self._adapt_theta == "never":
+            raise ValueError(
+                f"{name}: adapt_theta=\"never\" keeps θ at `initial_theta`; give `initial_theta` (with the "
+                "uniform θ the chain would be plain SGLD)."
+            )
 
     @property
     def auto_grid(self):
@@ -361,10 +415,16 @@ class CSGLD(SGMCMCKernel):
                     f"the grid is set, but the warm-up ({warmup_steps} steps) leaves no step for it. Lengthen `num_warmup`."
                 )
             self._adaptation_steps = warmup_steps
+        elif self._adapt_theta == "never":
+            self._adaptation_steps = 0
         return super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
 
     def _init_state(self, init_params, rng_key, model_args, model_kwargs):
-        return ContourState(*super()._init_state(init_params, rng_key, model_args, model_kwargs))
+        state = ContourState(*super()._init_state(init_params, rng_key, model_args, model_kwargs))
+        if self._initial_theta is None:
+            return state
+        theta = state.rule_state.theta
+        return state._replace(rule_state=state.rule_state._replace(theta=jnp.asarray(self._initial_theta, theta.dtype)))
 
     def _step(self, state, model_args, model_kwargs):
         return ContourState(*super()._step(state, model_args, model_kwargs))
@@ -388,7 +448,7 @@ class CSGHMC(CSGLD):
     :param integrator: ``"splitting"`` (default) or ``"euler"``.
 
     The contour arguments (``num_partitions``, ``energy_gap``, ``energy_min``, ``zeta``, ``sa_step_size``,
-    ``weight``, ``calibration_steps``) are those of :class:`CSGLD`.
+    ``weight``, ``calibration_steps``, ``adapt_theta``, ``initial_theta``) are those of :class:`CSGLD`.
 
     **Example**::
 

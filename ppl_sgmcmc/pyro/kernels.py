@@ -7,6 +7,8 @@ both backends call the same functions of :mod:`ppl_sgmcmc.rules`, here on torch 
 import math
 import warnings
 
+import torch
+
 from ppl_sgmcmc import _checks
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel, SGMCMCState
 from ppl_sgmcmc.rules import csgld, psgld, sgfs, sghmc, sgld, sgnht, sgrld
@@ -229,7 +231,10 @@ class CSGLD(SGMCMCKernel):
     :param sa_step_size: ``ω_k``, a float in (0, 1) or a schedule; default ``1 / (k^0.6 + 100)``.
     :param str weight: ``"interpolated"`` (default) or ``"bin"``.
     :param calibration_steps: the steps that calibrate an ``"auto"`` grid (default: half the warm-up steps).
-    :param str adapt_theta: ``"always"`` (default) or ``"warmup"`` (``θ`` frozen after the warm-up).
+    :param str adapt_theta: ``"always"`` (default), ``"warmup"`` (``θ`` frozen after the warm-up) or
+        ``"never"`` (``θ`` stays at ``initial_theta``: the paper's KSGLD).
+    :param initial_theta: ``θ``'s starting value: ``m`` positive finite weights of the bins of an explicit
+        grid (normalised to sum to 1); default uniform.
     :param temperature: ``τ`` (default 1).
 
     Other arguments: see :class:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel`.
@@ -275,11 +280,12 @@ class CSGLD(SGMCMCKernel):
         weight="interpolated",
         calibration_steps=None,
         adapt_theta="always",
+        initial_theta=None,
         **kwargs,
     ):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
         name = type(self).__name__
-        self._adapt_theta = _checks.choice("adapt_theta", adapt_theta, ("always", "warmup"), name)
+        self._adapt_theta = _checks.choice("adapt_theta", adapt_theta, ("always", "warmup", "never"), name)
         self._num_partitions = _checks.int_at_least("num_partitions", num_partitions, 2, name)
         self._energy_gap = None if energy_gap == "auto" else _checks.positive("energy_gap", energy_gap, name)
         self._energy_min = None if energy_min == "auto" else _checks.finite("energy_min", energy_min, name)
@@ -293,6 +299,14 @@ class CSGLD(SGMCMCKernel):
         self._requested_calibration = calibration_steps
         self._calibration_steps = 0
         self._adaptation_steps = None
+        self._initial_theta = None
+        if initial_theta is not None:
+            self._initial_theta = _checks.initial_theta(initial_theta, self._num_partitions, self.auto_grid, name)
+        elif self._adapt_theta == "never":
+            raise ValueError(
+                f"{name}: adapt_theta=\"never\" keeps θ at `initial_theta`; give `initial_theta` (with the "
+                "uniform θ the chain would be plain SGLD)."
+            )
         self._records = {field: [] for field in self.sample_stats_fields}
 
     @property
@@ -345,6 +359,8 @@ class CSGLD(SGMCMCKernel):
                     f"the grid is set, but the warm-up ({steps} steps) leaves no step for it. Lengthen `warmup_steps`."
                 )
             self._adaptation_steps = steps
+        elif self._adapt_theta == "never":
+            self._adaptation_steps = 0
         else:
             self._adaptation_steps = None
         super().setup(warmup_steps, *args, **kwargs)
@@ -353,6 +369,10 @@ class CSGLD(SGMCMCKernel):
     def _start(self, params):
         super()._start(params)
         self._state = ContourState(*self._state)
+        if self._initial_theta is not None:
+            theta = self._state.rule_state.theta
+            rule_state = self._state.rule_state._replace(theta=torch.as_tensor(self._initial_theta, dtype=theta.dtype))
+            self._state = self._state._replace(rule_state=rule_state)
 
     def _step(self):
         diverging = super()._step()

@@ -266,7 +266,7 @@ def test_zeta_zero_is_sgld_exactly():
         (lambda: CSGLD(normal_mean, step_size=1e-3, zeta=-0.5), "`zeta` must be a finite non-negative"),
         (lambda: CSGLD(normal_mean, step_size=1e-3, sa_step_size=1.5), "`sa_step_size` must lie strictly between"),
         (lambda: CSGLD(normal_mean, step_size=1e-3, weight="paper"), "unknown weight 'paper'"),
-        (lambda: CSGLD(normal_mean, step_size=1e-3, adapt_theta="never"), "unknown adapt_theta 'never'"),
+        (lambda: CSGLD(normal_mean, step_size=1e-3, adapt_theta="sometimes"), "unknown adapt_theta 'sometimes'"),
         (lambda: CSGLD(normal_mean, step_size=1e-3, calibration_steps=1), "`calibration_steps` must be an integer >= 2"),
         (lambda: CSGLD(normal_mean, step_size=0.0), "`step_size` must be a finite positive"),
         (lambda: CSGHMC(normal_mean, step_size=1e-3, friction=-1.0), "`friction` must be a finite positive"),
@@ -307,3 +307,48 @@ def test_interpolated_weights_restore_a_gaussian_target():
     assert float((idata.posterior["x"] ** 2).mean()) > 1.3  # flattened
     per_chain = [float(weighted_expectation(idata.isel(chain=[c]), lambda post: post["x"] ** 2)) for c in range(8)]
     assert_mc_close("E[x²]", np.mean(per_chain), 1.0, np.std(per_chain, ddof=1) / np.sqrt(8))
+
+
+# --- initial_theta and adapt_theta="never" (KSGLD: θ known) -------------------------------------------------------
+def test_initial_theta_never_keeps_theta_exactly():
+    """``adapt_theta="never"``: θ stays at the given (normalised) weights, through warm-up, sampling and a
+    resumed run; the multiplier and the weights are those of that θ. With ``"always"`` it is only the start."""
+    theta0 = np.arange(1.0, 11.0)
+    kernel = CSGLD(normal_mean, step_size=1e-3, num_partitions=10, energy_min=0.0, energy_gap=30.0,
+                   initial_theta=theta0, adapt_theta="never")  # fmt: skip
+    mcmc = run_model(kernel, num_warmup=20, num_samples=30, extra_fields=("theta", "multiplier"))
+    expected = theta0 / theta0.sum()
+    theta = np.asarray(mcmc.get_extra_fields()["theta"])
+    assert theta.shape == (30, 10)
+    np.testing.assert_array_equal(theta, np.broadcast_to(np.asarray(expected, theta.dtype), theta.shape))
+    np.testing.assert_array_equal(mcmc.last_state.theta, theta[-1])
+    partition = np.asarray(mcmc.get_extra_fields()["partition"])
+    assert partition.max() < 9  # inside the grid (energies ~150), where the multiplier has a slope
+    log_theta = np.log(expected.astype(theta.dtype))
+    slope = log_theta[partition] - log_theta[np.maximum(partition - 1, 0)]
+    np.testing.assert_allclose(mcmc.get_extra_fields()["multiplier"], 1 + 0.75 / 30.0 * slope, rtol=1e-5)
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(mcmc.last_state.rng_key, Y)
+    np.testing.assert_array_equal(mcmc.last_state.theta, theta[-1])
+
+    adapting = run_model(CSGLD(normal_mean, step_size=1e-3, num_partitions=10, energy_min=0.0, energy_gap=1.0,
+                               initial_theta=theta0), num_warmup=0, num_samples=5, extra_fields=("theta",))  # fmt: skip
+    assert not np.array_equal(adapting.get_extra_fields()["theta"][0], expected)
+    np.testing.assert_allclose(adapting.get_extra_fields()["theta"].sum(-1), 1, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(adapt_theta="never"), "give `initial_theta`"),
+        (dict(initial_theta=np.ones(3)), r"must be 10 \(= num_partitions\) positive finite weights"),
+        (dict(initial_theta=np.r_[np.ones(9), 0.0]), "positive finite weights"),
+        (dict(initial_theta=np.r_[np.ones(9), np.nan]), "positive finite weights"),
+        (dict(initial_theta="uniform"), "positive finite weights"),
+        (dict(initial_theta=np.ones(10), energy_min="auto"), "give `energy_min` and `energy_gap` explicitly"),
+    ],
+)
+def test_initial_theta_errors(kwargs, message):
+    kwargs = dict(dict(num_partitions=10, energy_min=0.0, energy_gap=1.0), **kwargs)
+    with pytest.raises(ValueError, match=message):
+        CSGLD(normal_mean, step_size=1e-3, **kwargs)
