@@ -6,7 +6,10 @@ documents, D = 0.75 (thermostat diffusion of mSGNHT, friction of SGHMC), a few s
 
 * mSGNHT-S, mSGNHT-E, SGHMC-S, SGHMC-E: paper 000's parametrisation ``θ_kw ~ N(0.1, 1)``, ``π ∝ |θ|``;
 * SGRLD: the expanded mean ``θ_kw ~ Gamma(β, 1)``, ``π ∝ θ`` (Patterson & Teh 2013);
-* all five: ``MCMC`` on ``models.lda.lda_model`` with the topic assignments as local Gibbs sites
+* ``METHOD@expanded`` (e.g. ``mSGNHT-S@expanded``): the momentum samplers on the expanded-mean model of
+  SGRLD instead (sampled in ``log θ``, the Gamma prior's unconstrained space), to compare the samplers
+  on one model;
+* all of them: ``MCMC`` on ``models.lda.lda_model`` with the topic assignments as local Gibbs sites
   (``gibbs_sweeps`` burn-in + kept collapsed-Gibbs sweeps per step, started from ``make_gibbs_init``);
 * baselines on the same split: collapsed Gibbs on the full training data from the PyPI package
   ``lda`` (its Cython sampler, driven iteration by iteration to snapshot posterior samples), and
@@ -70,7 +73,8 @@ def evaluate(topic_samples, held_out, alpha, eval_sweeps, seed):
     return [accumulator.probabilities(t) for t in topic_samples]
 
 
-def run_sgmcmc(name, step_size, data, args):
+def run_sgmcmc(method, step_size, data, args):
+    name, _, parametrisation = method.partition("@")
     kernel, parametrisation = lda.make_kernel(
         name,
         step_size,
@@ -80,6 +84,7 @@ def run_sgmcmc(name, step_size, data, args):
         diffusion=args.diffusion,
         gibbs_sweeps=tuple(args.gibbs_sweeps),
         steps_per_sample=args.thin,
+        parametrisation=parametrisation or None,
     )
     mcmc = MCMC(kernel, num_warmup=0, num_samples=args.steps // args.thin, progress_bar=False)
     start = time.perf_counter()
@@ -182,7 +187,13 @@ def main(argv=None):
     parser.add_argument("--eval-sweeps", type=int, nargs=2, default=(20, 30), metavar=("BURN_IN", "KEPT"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG and the summary from the JSON")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        results = json.loads((args.out / f"lda_{args.corpus}.json").read_text())
+        plot(results, args.out / f"lda_{args.corpus}_learning_curves.png")
+        summary(results)
+        return
     args.vb_docs = args.vb_docs or args.steps * args.batch_size
     step_sizes = dict(DEFAULT_STEP_SIZES)
     for item in args.step_sizes:
@@ -231,8 +242,8 @@ def main(argv=None):
         (args.out / f"lda_{args.corpus}.json").write_text(json.dumps(results, indent=1, default=float))
 
     for method in args.methods:
-        if method in DEFAULT_STEP_SIZES:
-            for h in step_sizes[method]:
+        if method.partition("@")[0] in DEFAULT_STEP_SIZES:
+            for h in step_sizes.get(method, DEFAULT_STEP_SIZES[method.partition("@")[0]]):
                 topics, seconds, diverging = run_sgmcmc(method, h, data, args)
                 start = time.perf_counter()
                 probs = evaluate(topics, data.held_out, args.alpha, args.eval_sweeps, args.seed)
@@ -303,9 +314,12 @@ def plot(results, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    colors = {"mSGNHT-S": "C3", "mSGNHT-E": "C1", "SGHMC-S": "C0", "SGHMC-E": "C9", "SGRLD": "C2", "Gibbs": "k", "OnlineVB": "C4"}
+    colors = {"mSGNHT-S@expanded": "C3", "mSGNHT-E@expanded": "C1", "SGHMC-S@expanded": "C0", "SGHMC-E@expanded": "C9"}
+    colors.update({"mSGNHT-S": "C3", "mSGNHT-E": "C1", "SGHMC-S": "C0", "SGHMC-E": "C9", "SGRLD": "C2", "Gibbs": "k", "OnlineVB": "C4"})
     for run in results["runs"]:
         styles = {"Gibbs": "-", "OnlineVB": ":"}
+        if run["method"].endswith("@expanded"):
+            styles[run["method"]] = "--"
         for ax in axes:
             ax.plot(
                 run["documents_seen"],
