@@ -25,6 +25,12 @@ Run from the repository root (writes ``benchmarks/results/lda_<corpus>.json`` an
 
     python benchmarks/lda.py                       # AP, the full comparison
     python benchmarks/lda.py --corpus reuters --steps 2000 --gibbs-iterations 300   # smaller
+    # several runs (e.g. longer ones written with --out elsewhere) merged into lda_<corpus>_all.json,
+    # the PNG and a Markdown table of every run; every run keeps its steps, thinning and command
+    python benchmarks/lda.py --plot-only --inputs benchmarks/results/lda_ap.json long/lda_ap.json
+    python benchmarks/lda.py --plot-only           # redraw from lda_<corpus>_all.json (or lda_<corpus>.json)
+
+The recorded AP runs and what they show: ``benchmarks/RESULTS.md``, "LDA on AP (issue 5)".
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -166,7 +173,7 @@ def run_online_vb(data, args, batch_size):
     return np.stack(snapshots), np.asarray(seen), seconds
 
 
-def main(argv=None):
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", choices=["ap", "reuters"], default="ap")
     parser.add_argument("--methods", nargs="*", default=list(DEFAULT_STEP_SIZES) + ["Gibbs", "OnlineVB"])
@@ -187,10 +194,100 @@ def main(argv=None):
     parser.add_argument("--eval-sweeps", type=int, nargs=2, default=(20, 30), metavar=("BURN_IN", "KEPT"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG and the summary from the JSON")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--plot-only",
+        action="store_true",
+        help="redraw the PNG and the summary from saved JSON (default input: lda_<corpus>_all.json if it "
+        "exists, else lda_<corpus>.json, in --out)",
+    )
+    parser.add_argument(
+        "--inputs",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="with --plot-only: JSON files of several runs to merge into --out/lda_<corpus>_all.json",
+    )
+    return parser
+
+
+def command_line(run_args):
+    """The command that reproduces a run from its saved ``args`` (the options that differ from the defaults)."""
+    parser = build_parser()
+    words = ["python", "benchmarks/lda.py"]
+    for action in parser._actions:
+        dest = action.dest
+        if dest in ("help", "plot_only", "inputs", "out") or dest not in run_args:
+            continue
+        value, default = run_args[dest], action.default
+        if dest == "vb_docs" and value == run_args["steps"] * run_args["batch_size"]:
+            continue  # the default: as many documents as the SG-MCMC runs see
+        if value == default or (isinstance(default, (list, tuple)) and list(default) == list(value)):
+            continue
+        flag = action.option_strings[-1]
+        words += [flag] + ([str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)])
+    out = Path(run_args.get("out") or parser.get_default("out"))
+    if out.resolve() != parser.get_default("out").resolve():
+        root = Path(__file__).resolve().parents[1]
+        words += ["--out", str(out.resolve().relative_to(root) if out.resolve().is_relative_to(root) else out)]
+    return " ".join(words)
+
+
+def _rounded(obj, digits=6):
+    if isinstance(obj, dict):
+        return {k: _rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_rounded(v, digits) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(f"{float(obj):.{digits}g}")
+    return obj
+
+
+def dump_json(results, path):
+    """``indent=1`` JSON, floats to 6 significant digits, each list of numbers or strings on one line
+    (curves, top words)."""
+    text = json.dumps(_rounded(results), indent=1, default=float, ensure_ascii=False)
+    text = re.sub(r"\[\s*([^\[\]{}]*?)\s*\]", lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",\n")) + "]", text)
+    path.write_text(text + "\n")
+
+
+def merge(paths):
+    """The runs of several result files in one: each run gets its ``steps``, ``thin`` and ``source``
+    (an index into ``sources``, which keeps each file's ``args`` and the command that made it). The
+    top-level ``args`` are those of the first file (corpus, K, α, minibatch: the same in all)."""
+    merged, sources = None, []
+    for path in paths:
+        results = json.loads(Path(path).read_text())
+        if "sources" in results:  # an earlier merge: keep its sources and tags
+            offset = len(sources)
+            sources += results["sources"]
+            for run in results["runs"]:
+                run["source"] += offset
+        else:
+            sources.append(dict(file=str(path), command=command_line(results["args"]), args=results["args"]))
+            for run in results["runs"]:
+                run.setdefault("steps", results["args"]["steps"])
+                run.setdefault("thin", results["args"]["thin"])
+                run["source"] = len(sources) - 1
+        if merged is None:
+            merged = {k: v for k, v in results.items() if k != "runs"}
+            merged["runs"] = []
+        elif (results["corpus"], results["uniform_topics"]) != (merged["corpus"], merged["uniform_topics"]):
+            raise ValueError(f"{path}: another corpus or split than {paths[0]}")
+        merged["runs"] += results["runs"]
+    merged["sources"] = sources
+    return merged
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.plot_only:
-        results = json.loads((args.out / f"lda_{args.corpus}.json").read_text())
+        merged_path = args.out / f"lda_{args.corpus}_all.json"
+        inputs = args.inputs or [merged_path if merged_path.exists() else args.out / f"lda_{args.corpus}.json"]
+        results = merge(inputs)
+        args.out.mkdir(parents=True, exist_ok=True)
+        if args.inputs:
+            dump_json(results, merged_path)
+            print(f"wrote {merged_path}")
         plot(results, args.out / f"lda_{args.corpus}_learning_curves.png")
         summary(results)
         return
@@ -239,7 +336,7 @@ def main(argv=None):
             flush=True,
         )
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"lda_{args.corpus}.json").write_text(json.dumps(results, indent=1, default=float))
+        dump_json(results, args.out / f"lda_{args.corpus}.json")
 
     for method in args.methods:
         if method.partition("@")[0] in DEFAULT_STEP_SIZES:
@@ -248,7 +345,8 @@ def main(argv=None):
                 start = time.perf_counter()
                 probs = evaluate(topics, data.held_out, args.alpha, args.eval_sweeps, args.seed)
                 seen = np.arange(1, len(topics) + 1) * args.thin * args.batch_size
-                extra = dict(diverging=diverging, step_size=h, eval_seconds=time.perf_counter() - start)
+                extra = dict(diverging=diverging, step_size=h, steps=args.steps, thin=args.thin)
+                extra["eval_seconds"] = time.perf_counter() - start
                 record(method, f"h={h:g}", seen, probs, seconds, extra, topics[len(topics) // 2 :].mean(0))
         elif method == "Gibbs":
             topics, iterations, seconds = run_gibbs(data, args)
@@ -280,7 +378,7 @@ def main(argv=None):
                     f"{method:9s} {'batch ' + str(batch_size):28s} perplexity {values[-1]:8.1f}  sampling {seconds:6.0f} s",
                     flush=True,
                 )
-                (args.out / f"lda_{args.corpus}.json").write_text(json.dumps(results, indent=1, default=float))
+                dump_json(results, args.out / f"lda_{args.corpus}.json")
         else:
             raise ValueError(f"unknown method {method!r}")
 
@@ -288,61 +386,170 @@ def main(argv=None):
     summary(results)
 
 
-def best_runs(results):
+BASELINES = ("Gibbs", "OnlineVB")
+ORDER = ("mSGNHT-S", "mSGNHT-E", "SGHMC-S", "SGHMC-E", "SGRLD", "Gibbs", "OnlineVB")
+COLORS = {"mSGNHT-S": "C3", "mSGNHT-E": "C1", "SGHMC-S": "C0", "SGHMC-E": "C9", "SGRLD": "C2", "Gibbs": "k", "OnlineVB": "C4"}
+
+
+def parametrisation(method):
+    """``"gaussian"`` (paper 000's ``θ ~ N(0.1, 1)``, ``π ∝ |θ|``), ``"expanded"`` or ``"-"`` (baselines)."""
+    if method in BASELINES:
+        return "-"
+    return "expanded" if method.endswith("@expanded") or method == "SGRLD" else "gaussian"
+
+
+def best_runs(results, key=lambda run: run["method"]):
+    """The run with the lowest final perplexity for each method (or each ``key``)."""
     best = {}
     for run in results["runs"]:
-        if run["method"] not in best or run["perplexity"] < best[run["method"]]["perplexity"]:
-            best[run["method"]] = run
+        k = key(run)
+        if k not in best or run["perplexity"] < best[k]["perplexity"]:
+            best[k] = run
     return best
 
 
+def _sort_key(run):
+    base = run["method"].partition("@")[0]
+    return (
+        {"gaussian": 0, "expanded": 1, "-": 2}[parametrisation(run["method"])],
+        ORDER.index(base) if base in ORDER else len(ORDER),
+        run.get("steps", 0) if base not in BASELINES else 0,
+        -run.get("step_size", 0.0),
+        run["setting"],
+    )
+
+
 def summary(results):
+    """Every run as a Markdown table (the best run of each method in bold) and the best run per method."""
     best = best_runs(results)
-    print("\nbest run per method (paper 000 Table 1, ICML corpus, for the ordering):")
+    gibbs = best.get("Gibbs", {}).get("perplexity")
+    print(
+        "\n| method | parametrisation | step size | steps (documents seen) | perplexity | vs Gibbs | wall-clock (s) "
+        "| rejected steps |\n|---|---|---:|---:|---:|---:|---:|---:|"
+    )
+    for run in sorted(results["runs"], key=_sort_key):
+        method = run["method"]
+        seen = f"{run['documents_seen'][-1]:,}"
+        if method == "Gibbs":
+            cells = ["collapsed Gibbs (`lda`)", f"collapsed, η = {run['eta']:g}", "", f"{run['iterations']:,} sweeps ({seen})"]
+        elif method == "OnlineVB":
+            cells = ["online VB (scikit-learn)", f"minibatch {run['setting'].split()[-1]}, η = {run['eta']:g}", "", f"({seen})"]
+        else:
+            model = {"gaussian": "Gaussian (paper 000)", "expanded": "expanded mean"}[parametrisation(method)]
+            cells = [method.partition("@")[0], model, f"{run['step_size']:g}", f"{run['steps']:,} ({seen})"]
+        bold = "**" if best[method] is run else ""
+        cells.append(f"{bold}{run['perplexity']:.1f}{bold}")
+        cells.append("0" if method == "Gibbs" else f"{100 * (run['perplexity'] / gibbs - 1):+.1f}%" if gibbs else "")
+        cells.append(f"{run['seconds']:.0f}")
+        if "diverging" in run:
+            rate = run["diverging"] / run["steps"]
+            cells.append(f"{run['diverging']:,}" + (f" ({100 * rate:.0f}%)" if run["diverging"] else ""))
+        else:
+            cells.append("")
+        print("| " + " | ".join(cells) + " |")
+    print("\nbest run per method (paper 000 Table 1 is on the ICML corpus: compare the ordering):")
     for method, run in sorted(best.items(), key=lambda kv: kv[1]["perplexity"]):
         paper = PAPER.get(method)
+        rel = f"  {100 * (run['perplexity'] / gibbs - 1):+5.1f}% vs Gibbs" if gibbs else ""
+        steps = f"{run['steps']} steps" if "steps" in run and method not in BASELINES else ""
         print(
-            f"  {method:9s} {run['setting']:28s} {run['perplexity']:8.1f}   {run['seconds']:6.0f} s"
+            f"  {method:18s} {run['setting']:22s} {steps:12s} {run['perplexity']:8.1f}{rel}   {run['seconds']:6.0f} s"
             + (f"   (paper {paper})" if paper else "")
         )
 
 
 def plot(results, path):
+    """Perplexity against documents seen (paper 000's Fig. 3), one panel per parametrisation: paper 000's
+    Gaussian model on the left, the expanded mean (with SGRLD) on the right. Each method's best run is
+    bold and labelled; where a method also has runs of another length, the best of those is labelled
+    too (medium line); the other step sizes are faint. Runs longer than the shortest have dot markers.
+    Collapsed Gibbs (its curve over the sweeps and its final value across the panel) and online VB
+    (its curves and its best final value) are the reference lines of both panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    colors = {"mSGNHT-S@expanded": "C3", "mSGNHT-E@expanded": "C1", "SGHMC-S@expanded": "C0", "SGHMC-E@expanded": "C9"}
-    colors.update({"mSGNHT-S": "C3", "mSGNHT-E": "C1", "SGHMC-S": "C0", "SGHMC-E": "C9", "SGRLD": "C2", "Gibbs": "k", "OnlineVB": "C4"})
-    for run in results["runs"]:
-        styles = {"Gibbs": "-", "OnlineVB": ":"}
-        if run["method"].endswith("@expanded"):
-            styles[run["method"]] = "--"
-        for ax in axes:
-            ax.plot(
-                run["documents_seen"],
-                run["curve"],
-                styles.get(run["method"], "-"),
-                color=colors.get(run["method"]),
-                alpha=0.9 if run is best_runs(results).get(run["method"]) else 0.35,
-                label=f"{run['method']} {run['setting']}",
-            )
-    axes[0].set_xscale("log")
-    sgmcmc_seen = max((max(r["documents_seen"]) for r in results["runs"] if r["method"] not in ("Gibbs",)), default=1)
-    axes[1].set_xlim(0, sgmcmc_seen)
+    best = best_runs(results)
+    best_by_length = best_runs(results, key=lambda run: (run["method"], run.get("steps")))
+    sgmcmc_steps = sorted({run["steps"] for run in results["runs"] if run["method"] not in BASELINES and "steps" in run})
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.6), sharey=True)
+    panels = [
+        ("gaussian", "paper 000's model: θ ~ N(0.1, 1), π ∝ |θ|"),
+        ("expanded", f"expanded mean: θ ~ Gamma({results['args']['beta']:g}, 1), π ∝ θ"),
+    ]
+    for ax, (model, title) in zip(axes, panels):
+        runs = [r for r in results["runs"] if parametrisation(r["method"]) == model]
+        entries = []  # (legend position, line): methods in paper 000's order, each method's best first
+        for run in sorted(runs, key=lambda r: (best[r["method"]] is r, best_by_length[(r["method"], r.get("steps"))] is r)):
+            method, base = run["method"], run["method"].partition("@")[0]
+            long = len(sgmcmc_steps) > 1 and run["steps"] > sgmcmc_steps[0]
+            rejected = run["diverging"] / run["steps"]
+            style = dict(color=COLORS.get(base), marker="o" if long else None, markersize=3, markevery=3)
+            label = f"{base} h={run['step_size']:g}, {run['steps']:,} steps: {run['perplexity']:.0f}"
+            label += f" ({100 * rejected:.0f}% rejected)" if rejected >= 0.005 else ""
+            order = (ORDER.index(base), best[method] is not run)
+            if best[method] is run:
+                (line,) = ax.plot(run["documents_seen"], run["curve"], linewidth=2.4, label=label, zorder=4, **style)
+                entries.append((order, line))
+            elif best_by_length[(method, run.get("steps"))] is run:
+                (line,) = ax.plot(run["documents_seen"], run["curve"], linewidth=1.2, alpha=0.8, label=label, zorder=3, **style)
+                entries.append((order, line))
+            else:
+                ax.plot(run["documents_seen"], run["curve"], linewidth=0.8, alpha=0.3, zorder=2, **style)
+        for run in results["runs"]:
+            if run["method"] == "Gibbs":
+                ax.plot(run["documents_seen"], run["curve"], color="k", linewidth=1.6, zorder=4)
+            elif run["method"] == "OnlineVB":
+                ax.plot(run["documents_seen"], run["curve"], ":", color=COLORS["OnlineVB"], linewidth=1.2, alpha=0.7)
+        if "Gibbs" in best:
+            g = best["Gibbs"]
+            label = f"collapsed Gibbs, {g['setting']} ({g['documents_seen'][-1]:,} documents): {g['perplexity']:.0f}"
+            line = ax.axhline(g["perplexity"], color="k", linestyle="--", linewidth=1.0, zorder=1, label=label)
+            entries.append(((len(ORDER), 0), line))
+        if "OnlineVB" in best:
+            v = best["OnlineVB"]
+            label = f"online VB, {v['setting']} (dotted: its curves): {v['perplexity']:.0f}"
+            line = ax.axhline(v["perplexity"], color=COLORS["OnlineVB"], linestyle="--", linewidth=1.0, zorder=1, label=label)
+            entries.append(((len(ORDER), 1), line))
+        if "uniform_topics" in results:
+            ax.axhline(results["uniform_topics"], color="0.6", linewidth=0.8, zorder=1)
+            ax.text(1.1e3, results["uniform_topics"] * 0.97, "uniform topics", color="0.4", fontsize=7.5, va="top")
+        ax.set_xscale("log")
+        xlabel = f"documents seen (SG-MCMC: {results['args']['batch_size']} per step"
+        if "Gibbs" in best:
+            xlabel += f"; Gibbs: {best['Gibbs']['documents_seen'][-1] // best['Gibbs']['iterations']:,} per sweep"
+        ax.set_xlabel(xlabel + ")")
+        ax.set_title(title, fontsize=10.5)
+        ax.grid(alpha=0.3, which="both")
+        entries.sort(key=lambda entry: entry[0])
+        ax.legend(handles=[line for _, line in entries], fontsize=7.4, loc="upper right", framealpha=0.9)
     finals = [r["perplexity"] for r in results["runs"]]
-    axes[1].set_ylim(min(finals) * 0.95, np.percentile(finals, 80) * 1.3)
-    for ax in axes:
-        ax.set_xlabel("documents seen")
-        ax.set_ylabel("test perplexity (document completion)")
-        ax.grid(alpha=0.3)
-    axes[0].set_title(f"LDA on {results['corpus'].upper()}, K = {results['args']['topics']} (log scale)")
-    axes[1].set_title("the SG-MCMC range (linear scale)")
-    axes[1].legend(fontsize=6, ncol=2)
+    axes[0].set_yscale("log")
+    axes[0].set_ylim(min(finals) * 0.92, results.get("uniform_topics", max(finals)) * 1.08)
+    low, high = axes[0].get_ylim()
+    axes[0].set_yticks([t for t in (1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 8000, 10000, 12000) if low <= t <= high])
+    axes[0].yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,.0f}"))
+    axes[0].yaxis.set_minor_formatter(NullFormatter())
+    axes[0].set_ylabel("test perplexity (document completion)")
+    fig.suptitle(
+        f"LDA on {results['corpus'].upper()}, K = {results['args']['topics']}, α = {results['args']['alpha']}, "
+        f"minibatch {results['args']['batch_size']} documents; each point averages the posterior samples of the "
+        "second half of the run so far; faint: other step sizes",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+    try:  # a 256-colour palette: the same picture at about half the size
+        from PIL import Image
+
+        with Image.open(path) as image:
+            image = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+        image.save(path, optimize=True)
+    except ImportError:
+        pass
     print(f"wrote {path}")
 
 

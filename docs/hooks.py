@@ -18,6 +18,7 @@ from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _forwarded_options():
@@ -58,6 +59,16 @@ def on_files(files, config):
             File(
                 f"notebooks/{notebook.name}",
                 src_dir=str(NOTEBOOKS.parent),
+                dest_dir=config["site_dir"],
+                use_directory_urls=config["use_directory_urls"],
+            )
+        )
+    # the figures benchmarks/RESULTS.md links as results/<name>.png (benchmarks.md includes that file)
+    for figure in sorted((BENCHMARKS / "results").glob("*.png")):
+        files.append(
+            File(
+                f"results/{figure.name}",
+                src_dir=str(BENCHMARKS),
                 dest_dir=config["site_dir"],
                 use_directory_urls=config["use_directory_urls"],
             )

@@ -9,8 +9,15 @@ topic parameters come in two parametrisations:
 
 * ``"gaussian"`` (paper 000, after Ding et al. 2014; for SGNHT and SGHMC):
   ``θ_kw ~ N(0.1, 1)``, ``π_kw = |θ_kw| / Σ_w |θ_kw|``;
-* ``"expanded"`` (the expanded mean of Patterson & Teh; for SGRLD):
-  ``θ_kw ~ Gamma(β, 1)``, ``π_kw = θ_kw / Σ_w θ_kw``.
+* ``"expanded"`` (the expanded mean of Patterson & Teh; for SGRLD, which moves ``θ`` itself, and for
+  SGNHT/SGHMC, which move ``log θ``): ``θ_kw ~ Gamma(β, 1)``, ``π_kw = θ_kw / Σ_w θ_kw``, so that
+  ``π_k ~ Dirichlet(β)``, the model collapsed Gibbs samples with ``η = β``.
+
+On AP and Reuters the posterior of the ``"gaussian"`` model has nearly flat topics (its ``|θ|`` acts
+like a Dirichlet prior of concentration about 1 per word, with the vocabulary larger than the tokens
+per topic), so its perplexity is far above collapsed Gibbs whatever the sampler; the ``"expanded"``
+model with ``β = 0.1`` is the one to use (``benchmarks/RESULTS.md``). The same model declared in
+Pyro is :mod:`models.lda_pyro` (``--backend pyro`` on the command line).
 
 The kernels sample ``θ`` with ``z`` as local Gibbs sites (:mod:`ppl_sgmcmc.numpyro.gibbs`):
 :func:`make_gibbs_fn` is the collapsed-Gibbs conditional of ``z`` given ``π``, and the stochastic
@@ -45,6 +52,7 @@ top words of the topics.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -421,31 +429,51 @@ def top_words(topics, vocab, num_words=10):
 
 # --- command line -----------------------------------------------------------------------------------
 def make_kernel(
-    name, step_size, words, mask, alpha=0.1, diffusion=0.75, gibbs_sweeps=(5, 5), parametrisation=None, **kwargs
+    name,
+    step_size,
+    words,
+    mask,
+    alpha=0.1,
+    diffusion=0.75,
+    gibbs_sweeps=(5, 5),
+    parametrisation=None,
+    backend="numpyro",
+    **kwargs,
 ):
     """A kernel for LDA by name, with the collapsed-Gibbs local step: ``mSGNHT-S``, ``mSGNHT-E``,
     ``SGHMC-S``, ``SGHMC-E`` (diffusion / friction ``D``; by default on paper 000's ``"gaussian"``
     parametrisation, or on the ``"expanded"`` mean, sampled in log space) or ``SGRLD`` (expanded mean,
-    in its own positive space). Returns ``(kernel, parametrisation)``; other keyword arguments go to the kernel."""
-    from ppl_sgmcmc.numpyro import SGHMC, SGNHT, SGRLD
+    in its own positive space). ``backend="pyro"`` gives the Pyro kernel on the Pyro declaration
+    (:mod:`models.lda_pyro`; ``words`` and ``mask`` as tensors). Returns ``(kernel, parametrisation)``;
+    other keyword arguments go to the kernel."""
+    if backend == "numpyro":
+        from ppl_sgmcmc.numpyro import SGHMC, SGNHT, SGRLD
 
+        declaration = sys.modules[__name__]
+    elif backend == "pyro":
+        from models import lda_pyro as declaration
+        from ppl_sgmcmc.pyro import SGHMC, SGNHT, SGRLD
+
+    else:
+        raise ValueError(f"unknown backend {backend!r}; choose 'numpyro' or 'pyro'")
     if parametrisation is None:
         parametrisation = "expanded" if name == "SGRLD" else "gaussian"
     elif name == "SGRLD" and parametrisation != "expanded":
         raise ValueError("SGRLD samples the expanded-mean parametrisation only")
     gibbs = dict(
         gibbs_sites=["z"],
-        gibbs_fn=make_gibbs_fn(words, mask, alpha, parametrisation),
-        gibbs_init=make_gibbs_init(words, mask, parametrisation),
+        gibbs_fn=declaration.make_gibbs_fn(words, mask, alpha, parametrisation),
+        gibbs_init=declaration.make_gibbs_init(words, mask, parametrisation),
         gibbs_sweeps=gibbs_sweeps,
     )
+    model = declaration.lda_model
     integrator = "euler" if name.endswith("-E") else "splitting"
     if name.startswith("mSGNHT"):
-        kernel = SGNHT(lda_model, step_size=step_size, diffusion=diffusion, integrator=integrator, **gibbs, **kwargs)
+        kernel = SGNHT(model, step_size=step_size, diffusion=diffusion, integrator=integrator, **gibbs, **kwargs)
     elif name.startswith("SGHMC"):
-        kernel = SGHMC(lda_model, step_size=step_size, friction=diffusion, integrator=integrator, **gibbs, **kwargs)
+        kernel = SGHMC(model, step_size=step_size, friction=diffusion, integrator=integrator, **gibbs, **kwargs)
     elif name == "SGRLD":
-        kernel = SGRLD(lda_model, step_size=step_size, **gibbs, **kwargs)
+        kernel = SGRLD(model, step_size=step_size, **gibbs, **kwargs)
     else:
         raise ValueError(f"unknown kernel {name!r}")
     return kernel, parametrisation
@@ -454,14 +482,38 @@ def make_kernel(
 KERNELS = ("mSGNHT-S", "mSGNHT-E", "SGHMC-S", "SGHMC-E", "SGRLD")
 
 
-def main(argv=None):
-    from numpyro.infer import MCMC
+def run_chain(kernel, backend, seed, num_warmup, num_samples, words, mask, **model_kwargs):
+    """Run ``kernel`` through its PPL's ``MCMC`` (``num_warmup`` / ``num_samples`` draws); returns the
+    samples of ``theta`` as a NumPy array and the number of rejected (non-finite) steps."""
+    if backend == "numpyro":
+        from numpyro.infer import MCMC
 
+        mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples)
+        mcmc.run(random.PRNGKey(seed), words, mask, **model_kwargs)
+        return np.asarray(mcmc.get_samples()["theta"]), int(mcmc.last_state.num_diverging)
+    import pyro
+    import torch
+    from pyro.infer import MCMC
+
+    pyro.set_rng_seed(seed)
+    mcmc = MCMC(kernel, warmup_steps=num_warmup, num_samples=num_samples)
+    mcmc.run(torch.as_tensor(words), torch.as_tensor(mask), **model_kwargs)
+    return mcmc.get_samples()["theta"].numpy(), kernel.diagnostics()["num_diverging"]
+
+
+def main(argv=None):
     from models.datasets import load_corpus
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", choices=["ap", "reuters"], default="reuters")
     parser.add_argument("--kernel", choices=KERNELS, default="mSGNHT-S")
+    parser.add_argument(
+        "--backend",
+        choices=["numpyro", "pyro"],
+        default="numpyro",
+        help="the model's declaration and kernels: NumPyro (models.lda) or Pyro (models.lda_pyro; slower: "
+        "its Gibbs sweeps run in a Python loop)",
+    )
     parser.add_argument(
         "--parametrisation",
         choices=PARAMETRISATIONS,
@@ -491,23 +543,33 @@ def main(argv=None):
     )
     parametrisation = "expanded" if args.kernel == "SGRLD" else args.parametrisation
     step_size = args.step_size or (3e-3 if parametrisation == "gaussian" else 1e-2)
+    words, mask = data.train_words, data.train_mask
+    if args.backend == "pyro":
+        import torch
+
+        torch.set_num_threads(1)  # per-token Gibbs updates on small tensors: threads only add overhead
+        words, mask = torch.as_tensor(words), torch.as_tensor(mask)
     kernel, parametrisation = make_kernel(
         args.kernel,
         step_size,
-        data.train_words,
-        data.train_mask,
+        words,
+        mask,
         args.alpha,
         args.diffusion,
         tuple(args.gibbs_sweeps),
         parametrisation=parametrisation,
+        backend=args.backend,
         steps_per_sample=args.thinning,
     )
-    mcmc = MCMC(kernel, num_warmup=args.num_warmup // args.thinning, num_samples=args.num_samples // args.thinning)
     start = time.perf_counter()
-    mcmc.run(
-        random.PRNGKey(args.seed),
-        data.train_words,
-        data.train_mask,
+    theta, rejected = run_chain(
+        kernel,
+        args.backend,
+        args.seed,
+        args.num_warmup // args.thinning,
+        args.num_samples // args.thinning,
+        words,
+        mask,
         vocab_size=data.vocab_size,
         num_topics=args.topics,
         alpha=args.alpha,
@@ -515,14 +577,14 @@ def main(argv=None):
         beta=args.beta,
         batch_size=args.batch_size,
     )
-    topics = topic_word(mcmc.get_samples()["theta"], parametrisation)
+    topics = topic_word(jnp.asarray(theta), parametrisation)
     seconds = time.perf_counter() - start
     value = held_out_perplexity(topics, data.held_out, args.alpha, seed=args.seed)
     uniform = held_out_perplexity(jnp.full((1, args.topics, data.vocab_size), 1.0 / data.vocab_size), data.held_out, args.alpha)
     print(
         f"{args.kernel} ({parametrisation}), h = {step_size:g}: {args.num_warmup + args.num_samples} steps "
         f"({(args.num_warmup + args.num_samples) * args.batch_size} documents seen) in {seconds:.0f} s; "
-        f"rejected steps: {int(mcmc.last_state.num_diverging)}"
+        f"({args.backend}); rejected steps: {rejected}"
     )
     print(f"held-out perplexity (document completion, {len(topics)} samples): {value:.1f}  (uniform topics: {uniform:.0f})")
     print("\ntop words of the posterior-mean topics:")

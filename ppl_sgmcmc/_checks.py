@@ -106,3 +106,84 @@ def initial_theta(value, num_partitions, auto_grid, kernel):
             "explicitly (not \"auto\")."
         )
     return theta / theta.sum()
+
+
+def gibbs_options(gibbs_sites, gibbs_fn, gibbs_sweeps, kernel_name, has_model=True, gibbs_init=None):
+    """The kernels' local Gibbs options (``gibbs_sites``, ``gibbs_fn``, ``gibbs_sweeps``, ``gibbs_init``):
+    ``None`` when none are given, else ``(sites, fn, (burn_in, kept), init)``."""
+    if gibbs_sites is None and gibbs_fn is None:
+        if gibbs_init is not None:
+            raise ValueError(f"{kernel_name}: `gibbs_init` needs `gibbs_sites` and `gibbs_fn`.")
+        return None
+    if gibbs_fn is None:
+        raise ValueError(
+            f"{kernel_name}: `gibbs_sites` needs `gibbs_fn`, the conditional update "
+            "`gibbs_fn(rng_key, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites` of those sites."
+        )
+    if not callable(gibbs_fn):
+        raise TypeError(f"{kernel_name}: `gibbs_fn` must be callable, got {type(gibbs_fn).__name__}.")
+    if gibbs_init is not None and not callable(gibbs_init):
+        raise TypeError(f"{kernel_name}: `gibbs_init` must be callable, got {type(gibbs_init).__name__}.")
+    if gibbs_sites is None:
+        raise ValueError(f"{kernel_name}: `gibbs_fn` needs `gibbs_sites`, the names of the sites it updates.")
+    if isinstance(gibbs_sites, str):
+        gibbs_sites = [gibbs_sites]
+    gibbs_sites = tuple(gibbs_sites)
+    if not gibbs_sites or not all(isinstance(s, str) for s in gibbs_sites):
+        raise ValueError(f"{kernel_name}: `gibbs_sites` must be a non-empty list of site names, got {gibbs_sites!r}.")
+    if not has_model:
+        raise ValueError(f"{kernel_name}: local Gibbs sites need a `model`, not a `potential_fn`.")
+    try:
+        burn_in, kept = gibbs_sweeps
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{kernel_name}: `gibbs_sweeps` must be a pair `(burn_in, kept)` of sweep counts, got {gibbs_sweeps!r}."
+        ) from None
+    for name, value, minimum in (("burn_in", burn_in, 0), ("kept", kept, 1)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+            raise ValueError(
+                f"{kernel_name}: `gibbs_sweeps` = (burn_in, kept) needs an integer {name} >= {minimum}, got {value!r}."
+            )
+    return gibbs_sites, gibbs_fn, (int(burn_in), int(kept)), gibbs_init
+
+
+class GibbsFnError(RuntimeError):
+    """``gibbs_fn`` (or ``gibbs_init``) broke its contract (wrong keys or shapes of the returned sites)."""
+
+
+def gibbs_result(new, current, shape, label, kernel):
+    """The sites ``new`` returned by ``gibbs_fn`` (``label``), checked against the ``current`` ones: a dict
+    with the same keys and, by ``shape(value)``, the same shapes."""
+    if not isinstance(new, dict) or set(new) != set(current):
+        raise GibbsFnError(
+            f"{kernel}: `{label}` must return a dict with the keys {sorted(current)}, got "
+            f"{sorted(new) if isinstance(new, dict) else type(new).__name__}."
+        )
+    for name, value in new.items():
+        if tuple(shape(value)) != tuple(shape(current[name])):
+            raise GibbsFnError(
+                f"{kernel}: `{label}` returned {name!r} of shape {tuple(shape(value))}; the minibatch's site has "
+                f"shape {tuple(shape(current[name]))}."
+            )
+    return new
+
+
+def gibbs_sites(names, sites, data_sites, kernel, plate_call):
+    """Check that each local Gibbs site in ``names`` is a latent sample site of the model (``sites``:
+    ``{name: site}`` of a prototype trace, plates' index sites left out) inside a subsampled plate
+    (``data_sites``); ``plate_call`` is how the PPL declares one, for the message."""
+    latent = [k for k, s in sites.items() if s["type"] == "sample" and not s["is_observed"]]
+    for site in names:
+        if site not in sites or sites[site]["type"] != "sample":
+            raise ValueError(
+                f"{kernel}: `gibbs_sites` names {site!r}, which is not a sample site of the model; its latent "
+                f"sample sites are {', '.join(map(repr, latent)) or 'none'}."
+            )
+        if sites[site]["is_observed"]:
+            raise ValueError(f"{kernel}: Gibbs site {site!r} is observed; name latent sites only.")
+        if site not in data_sites:
+            raise ValueError(
+                f"{kernel}: Gibbs site {site!r} is not inside a subsampled plate. Local Gibbs sites are redrawn "
+                f"for each minibatch and must lie inside `{plate_call}(name, N, subsample_size=n)` with n < N; "
+                "a global discrete latent is not supported (marginalise it out)."
+            )

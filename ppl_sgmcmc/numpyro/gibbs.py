@@ -51,59 +51,16 @@ full-data log-likelihood of an observed site that depends on them is not meaning
 """
 
 from functools import partial
-from numbers import Integral
-
 import jax
 import jax.numpy as jnp
 from jax import lax, random
 from numpyro.handlers import condition, seed, substitute, trace
 from numpyro.infer.util import compute_log_probs, constrain_fn, initialize_model
 
+from ppl_sgmcmc import _checks
+from ppl_sgmcmc._checks import GibbsFnError  # noqa: F401  (re-exported: raised by the sweeps)
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.potential import ModelTarget, _values_and_deterministic
-
-
-class GibbsFnError(RuntimeError):
-    """``gibbs_fn`` broke its contract (wrong keys or shapes of the returned sites)."""
-
-
-def check_options(gibbs_sites, gibbs_fn, gibbs_sweeps, kernel_name, has_model=True, gibbs_init=None):
-    """Validate the kernel's Gibbs options; ``None`` when none are given, else
-    ``(sites, fn, (burn_in, kept), init)``."""
-    if gibbs_sites is None and gibbs_fn is None:
-        if gibbs_init is not None:
-            raise ValueError(f"{kernel_name}: `gibbs_init` needs `gibbs_sites` and `gibbs_fn`.")
-        return None
-    if gibbs_fn is None:
-        raise ValueError(
-            f"{kernel_name}: `gibbs_sites` needs `gibbs_fn`, the conditional update "
-            "`gibbs_fn(rng_key, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites` of those sites."
-        )
-    if not callable(gibbs_fn):
-        raise TypeError(f"{kernel_name}: `gibbs_fn` must be callable, got {type(gibbs_fn).__name__}.")
-    if gibbs_init is not None and not callable(gibbs_init):
-        raise TypeError(f"{kernel_name}: `gibbs_init` must be callable, got {type(gibbs_init).__name__}.")
-    if gibbs_sites is None:
-        raise ValueError(f"{kernel_name}: `gibbs_fn` needs `gibbs_sites`, the names of the sites it updates.")
-    if isinstance(gibbs_sites, str):
-        gibbs_sites = [gibbs_sites]
-    gibbs_sites = tuple(gibbs_sites)
-    if not gibbs_sites or not all(isinstance(s, str) for s in gibbs_sites):
-        raise ValueError(f"{kernel_name}: `gibbs_sites` must be a non-empty list of site names, got {gibbs_sites!r}.")
-    if not has_model:
-        raise ValueError(f"{kernel_name}: local Gibbs sites need a `model`, not a `potential_fn`.")
-    try:
-        burn_in, kept = gibbs_sweeps
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{kernel_name}: `gibbs_sweeps` must be a pair `(burn_in, kept)` of sweep counts, got {gibbs_sweeps!r}."
-        ) from None
-    for name, value, minimum in (("burn_in", burn_in, 0), ("kept", kept, 1)):
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-            raise ValueError(
-                f"{kernel_name}: `gibbs_sweeps` = (burn_in, kept) needs an integer {name} >= {minimum}, got {value!r}."
-            )
-    return gibbs_sites, gibbs_fn, (int(burn_in), int(kept)), gibbs_init
 
 
 class GibbsTarget(ModelTarget):
@@ -133,22 +90,7 @@ class GibbsTarget(ModelTarget):
         super().__init__(model, model_args, model_kwargs, rng_key, replace, kernel_name, constrained=constrained)
 
     def _check_sites(self, model_trace):
-        name = self.kernel_name
-        latent = [k for k, s in model_trace.items() if s["type"] == "sample" and not s["is_observed"]]
-        for site in self.gibbs_sites:
-            if site not in model_trace or model_trace[site]["type"] != "sample":
-                raise ValueError(
-                    f"{name}: `gibbs_sites` names {site!r}, which is not a sample site of the model; its latent "
-                    f"sample sites are {', '.join(map(repr, latent)) or 'none'}."
-                )
-            if model_trace[site]["is_observed"]:
-                raise ValueError(f"{name}: Gibbs site {site!r} is observed; name latent sites only.")
-            if site not in self.data_sites:
-                raise ValueError(
-                    f"{name}: Gibbs site {site!r} is not inside a subsampled plate. Local Gibbs sites are redrawn "
-                    "for each minibatch and must lie inside `numpyro.plate(name, N, subsample_size=n)` with n < N; "
-                    "a global discrete latent is not supported (marginalise it out)."
-                )
+        _checks.gibbs_sites(self.gibbs_sites, model_trace, self.data_sites, self.kernel_name, "numpyro.plate")
         super()._check_sites({k: v for k, v in model_trace.items() if k not in self.gibbs_sites})
 
     def enable_per_example_scores(self):
@@ -195,18 +137,7 @@ class GibbsTarget(ModelTarget):
         }
 
         def update(fn, label, current, key):
-            new = fn(key, current, hmc_sites, indices)
-            if not isinstance(new, dict) or set(new) != set(current):
-                raise GibbsFnError(
-                    f"{self.kernel_name}: `{label}` must return a dict with the keys {sorted(current)}, got "
-                    f"{sorted(new) if isinstance(new, dict) else type(new).__name__}."
-                )
-            for name, value in new.items():
-                if jnp.shape(value) != jnp.shape(current[name]):
-                    raise GibbsFnError(
-                        f"{self.kernel_name}: `{label}` returned {name!r} of shape {jnp.shape(value)}; the minibatch's "
-                        f"site has shape {jnp.shape(current[name])}."
-                    )
+            new = _checks.gibbs_result(fn(key, current, hmc_sites, indices), current, jnp.shape, label, self.kernel_name)
             return {name: jnp.asarray(value).astype(jnp.result_type(current[name])) for name, value in new.items()}
 
         def sweep(current, key):

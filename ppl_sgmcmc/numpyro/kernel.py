@@ -116,7 +116,7 @@ class SGMCMCKernel(MCMCKernel):
         self._replace = bool(replace)
         self._steps_per_sample = _checks.positive_int("steps_per_sample", steps_per_sample, name)
         self._init_strategy = init_strategy
-        self._gibbs = gibbs.check_options(
+        self._gibbs = _checks.gibbs_options(
             gibbs_sites, gibbs_fn, gibbs_sweeps, name, has_model=model is not None, gibbs_init=gibbs_init
         )
         self._target = None

@@ -657,7 +657,7 @@ def _is_positive(support):
 
 class SGRLD(SGMCMCKernel):
     """Stochastic gradient Riemannian Langevin dynamics (Patterson & Teh, NeurIPS 2013) with the
-    expanded-mean metric ``G(θ) = diag(θ)`` and mirroring, for positive latents::
+    expanded-mean preconditioner ``G(θ) = diag(θ)`` (the inverse metric) and mirroring, for positive latents::
 
         θ ← | θ - h (θ ⊙ ∇Ũ_t(θ) - τ) + sqrt(2 h τ θ) ⊙ ζ |
 
@@ -687,7 +687,7 @@ class SGRLD(SGMCMCKernel):
             if not _is_positive(support):
                 raise ValueError(
                     f"{type(self).__name__}: latent site {name!r} has support {support}; SGRLD moves positive latents "
-                    "only (metric diag(θ), mirrored at 0). Declare it with a positive-support prior (e.g. "
+                    "only (preconditioner diag(θ), mirrored at 0). Declare it with a positive-support prior (e.g. "
                     "`dist.Gamma(beta, 1.0)`, the expanded-mean parametrisation), or use SGLD, SGHMC or SGNHT."
                 )
         return target

@@ -15,6 +15,7 @@ from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ppl_sgmcmc import _checks
+from ppl_sgmcmc.pyro.gibbs import GibbsTarget
 from ppl_sgmcmc.pyro.handlers import FullDataModel, as_tensors
 from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
 
@@ -74,6 +75,15 @@ class SGMCMCKernel(MCMCKernel):
         operations and replay it every step (default; see :mod:`~ppl_sgmcmc.pyro.compile`); falls back
         to running the model eagerly, with a warning, if the model cannot be traced. ``False`` runs
         the model through Pyro's handlers every step.
+    :param gibbs_sites: names of local latent sites inside the subsampled plate (e.g. discrete topic
+        assignments) that ``gibbs_fn`` updates for each minibatch; the stochastic gradient then averages
+        the log joint's gradient over their sweeps (Fisher identity). See :mod:`ppl_sgmcmc.pyro.gibbs`
+        for the contract.
+    :param gibbs_fn: ``gibbs_fn(generator, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites``,
+        one conditional sweep of the local sites of the minibatch (data by closure).
+    :param gibbs_sweeps: ``(burn_in, kept)`` sweeps per gradient (default ``(5, 5)``).
+    :param gibbs_init: optional ``gibbs_init(generator, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites``
+        giving the sweeps' starting point from the local sites' prior draw (default: start at the prior draw).
 
     Deterministic sites are evaluated on the full data at every collected (post-warm-up) step and
     returned with the samples.
@@ -103,6 +113,10 @@ class SGMCMCKernel(MCMCKernel):
         steps_per_sample=1,
         init_strategy=init_to_uniform,
         compile_potential=True,
+        gibbs_sites=None,
+        gibbs_fn=None,
+        gibbs_sweeps=(5, 5),
+        gibbs_init=None,
     ):
         name = type(self).__name__
         if (model is None) == (potential_fn is None):
@@ -119,6 +133,9 @@ class SGMCMCKernel(MCMCKernel):
         self._steps_per_sample = _checks.positive_int("steps_per_sample", steps_per_sample, name)
         self._init_strategy = init_strategy
         self._compile = bool(compile_potential)
+        self._gibbs = _checks.gibbs_options(
+            gibbs_sites, gibbs_fn, gibbs_sweeps, name, has_model=model is not None, gibbs_init=gibbs_init
+        )
         self.transforms = None  # {site: constrained -> unconstrained}, set by `setup`; read by MCMC
         self._initial_params = None
         self._warned_no_plate = False
@@ -217,12 +234,17 @@ class SGMCMCKernel(MCMCKernel):
         self._logging = None
 
     def _make_target(self, args, kwargs):
-        """The model's stochastic potential (:class:`~ppl_sgmcmc.pyro.potential.ModelTarget`), in the
-        latents' own space if :attr:`constrained`."""
-        return ModelTarget(
-            self._model, args, kwargs, self._replace, type(self).__name__, self._init_strategy, self._compile,
-            warn_no_plate=not self._warned_no_plate, constrained=self.constrained,
-        )  # fmt: skip
+        """The model's stochastic potential (:class:`~ppl_sgmcmc.pyro.potential.ModelTarget`, or a
+        :class:`~ppl_sgmcmc.pyro.gibbs.GibbsTarget` with local Gibbs sites), in the latents' own space
+        if :attr:`constrained`."""
+        target_args = (self._model, args, kwargs, self._replace, type(self).__name__, self._init_strategy, self._compile)
+        options = dict(warn_no_plate=not self._warned_no_plate, constrained=self.constrained)
+        if self._gibbs is None:
+            return ModelTarget(*target_args, **options)
+        sites, fn, sweeps, init = self._gibbs
+        return GibbsTarget(
+            *target_args, **options, gibbs_sites=sites, gibbs_fn=fn, gibbs_sweeps=sweeps, gibbs_init=init
+        )
 
     def sample(self, params):
         """``steps_per_sample`` steps of the chain; returns the new unconstrained latent values (and,

@@ -524,6 +524,11 @@ class SGFS(SGMCMCKernel):
             step_size = sgfs.alpha_to_step_size(_checks.non_negative("alpha", alpha, name))
         if kwargs.get("temperature", 1.0) != 1.0:
             raise ValueError(f"{name}: `temperature` must be 1; SGFS (Algorithm 1) has no temperature.")
+        if kwargs.get("gibbs_sites"):
+            raise NotImplementedError(
+                f"{name}: SGFS with local Gibbs sites is not supported (per-datum scores would have to average "
+                "over the sweeps); marginalise the local sites or use another kernel."
+            )
         infinite = not callable(step_size) and isinstance(step_size, (int, float)) and step_size == math.inf
         super().__init__(model, potential_fn, step_size=1.0 if infinite else step_size, **kwargs)
         if infinite:
@@ -596,7 +601,7 @@ def _is_positive(support):
 
 class SGRLD(SGMCMCKernel):
     """Stochastic gradient Riemannian Langevin dynamics (Patterson & Teh, NeurIPS 2013) with the
-    expanded-mean metric ``G(θ) = diag(θ)`` and mirroring, for positive latents; as
+    expanded-mean preconditioner ``G(θ) = diag(θ)`` (the inverse metric) and mirroring, for positive latents; as
     :class:`ppl_sgmcmc.numpyro.SGRLD` (rule :mod:`ppl_sgmcmc.rules.sgrld`)::
 
         θ ← | θ - h (θ ⊙ ∇Ũ_t(θ) - τ) + sqrt(2 h τ θ) ⊙ ζ |
@@ -635,7 +640,7 @@ class SGRLD(SGMCMCKernel):
             if not _is_positive(support):
                 raise ValueError(
                     f"{type(self).__name__}: latent site {name!r} has support {support}; SGRLD moves positive latents "
-                    "only (metric diag(θ), mirrored at 0). Declare it with a positive-support prior (e.g. "
+                    "only (preconditioner diag(θ), mirrored at 0). Declare it with a positive-support prior (e.g. "
                     "`dist.Gamma(beta, 1.0)`, the expanded-mean parametrisation), or use SGLD, SGHMC or SGNHT."
                 )
         return target

@@ -56,21 +56,29 @@ def model_errors(kernel_name, doing):
 def _discrete_latent_error(kernel_name, name, fn):
     return NotImplementedError(
         f"{kernel_name}: latent site {name!r} is discrete ({type(fn).__name__}); SG-MCMC kernels move "
-        "continuous latents only. Marginalise it out of the model, or observe it (a Gibbs step for local "
-        "discrete sites is planned)."
+        "continuous latents only. Marginalise it out of the model, or observe it; a local discrete site inside "
+        "a subsampled plate can be updated by a Gibbs step instead (`gibbs_sites=[name], gibbs_fn=...`; see "
+        "ppl_sgmcmc.pyro.gibbs)."
     )
 
 
 class _Init(InitMessenger):
     """The init strategy on continuous latents; a discrete latent is refused before the strategy
-    (which cannot handle it) fails with a less helpful message."""
+    (which cannot handle it) fails with a less helpful message. With ``local`` (local Gibbs) sites
+    named, discrete sites are left to the model's own prior draw: the target's site checks then say
+    which sites are wrong."""
 
-    def __init__(self, init_fn, kernel_name):
+    def __init__(self, init_fn, kernel_name, local=()):
         super().__init__(init_fn)
         self.kernel_name = kernel_name
+        self.local = frozenset(local)
 
     def _pyro_sample(self, msg):
+        if msg["name"] in self.local:
+            return
         if msg["value"] is None and type(msg["fn"]).__name__ != "_Subsample" and msg["fn"].support.is_discrete:
+            if self.local:
+                return
             raise _discrete_latent_error(self.kernel_name, msg["name"], msg["fn"])
         super()._pyro_sample(msg)
 
@@ -79,11 +87,15 @@ class _LogDensity(Messenger):
     """Runs a model once as a log-density: fixes the subsampled plates' indices, substitutes latent
     values, and sums each site's scaled and masked ``log_prob``, split into the sites in subsampled
     plates (``data``) and the others (``prior``); records the deterministic sites' values. With
-    ``log_density=False`` it only substitutes and records. Sites stop here: no outer handler sees them."""
+    ``log_density=False`` it only substitutes and records. Sites stop here: no outer handler sees them.
 
-    def __init__(self, values, indices, data_sites, log_density=True, per_datum=None):
+    ``local`` gives the values of local Gibbs sites (:mod:`~ppl_sgmcmc.pyro.gibbs`): a tensor, or a
+    function of the site's distribution returning the value (a prior draw, a placeholder)."""
+
+    def __init__(self, values, indices, data_sites, log_density=True, per_datum=None, local=None):
         super().__init__()
         self.values = values
+        self.local = {} if local is None else local
         self.indices = indices
         self.data_sites = data_sites
         self.log_density = log_density
@@ -103,7 +115,11 @@ class _LogDensity(Messenger):
         if msg["infer"].get("_deterministic"):
             self.deterministic[name] = msg["value"]
             return
-        if not msg["is_observed"]:
+        if not msg["is_observed"] and name in self.local:
+            value = self.local[name]
+            msg["value"] = value(msg["fn"]) if callable(value) else value
+            msg["done"] = True
+        elif not msg["is_observed"]:
             if name not in self.values:
                 raise KeyError(
                     f"latent site {name!r} was not in the model's prototype trace: the kernels need a fixed set "
@@ -219,6 +235,8 @@ class _Slot:
 class ModelTarget:
     """The subsampled potential of a Pyro model (see the module docstring)."""
 
+    local_sites = ()  # local Gibbs sites (see ppl_sgmcmc.pyro.gibbs.GibbsTarget)
+
     def __init__(
         self,
         model,
@@ -287,7 +305,7 @@ class ModelTarget:
     def _prototype_trace(self):
         """A trace at the init strategy's values, plates on their first ``n`` indices (no O(N) draw)."""
         plates = subsample_plates(None)
-        traced = poutine.trace(plates(_Init(self.init_strategy, self.kernel_name)(self.model)))
+        traced = poutine.trace(plates(_Init(self.init_strategy, self.kernel_name, self.local_sites)(self.model)))
         with model_errors(self.kernel_name, "tracing the model"), pyro.validation_enabled(True):
             model_trace = traced.get_trace(*self.model_args, **self.model_kwargs)
         return model_trace, plates.fixed
@@ -318,12 +336,13 @@ class ModelTarget:
             density = self._run(flat.detach(), {}, self.model_args, self.model_kwargs, full=True)
         return {name: density.deterministic[name] for name in self.deterministic_sites}
 
-    def _run(self, flat, batch, model_args, model_kwargs, full=False, log_density=True, per_datum=False):
+    def _run(self, flat, batch, model_args, model_kwargs, full=False, log_density=True, per_datum=False, local=None):
         """Run the model once at the unconstrained ``flat`` under :class:`_LogDensity` (on its full data
-        if ``full``); returns the handler, and its ``log_det`` of the transforms."""
+        if ``full``; ``local``: values of local Gibbs sites); returns the handler, and its ``log_det`` of
+        the transforms."""
         values, log_det = self.layout.constrain(flat)
         per_datum = self._per_datum_plate() if per_datum else None
-        density = _LogDensity(values, batch, self.data_sites, log_density, per_datum)
+        density = _LogDensity(values, batch, self.data_sites, log_density, per_datum, local)
         density.log_det = log_det
         with density:
             if full:
@@ -365,11 +384,12 @@ class ModelTarget:
         return minibatch.draw(generator, batch_state, self.plate_sizes, self.replace)
 
     # --- the potential -------------------------------------------------------------------------
-    def energies(self, flat, batch, model_args, model_kwargs, per_datum=False):
+    def energies(self, flat, batch, model_args, model_kwargs, per_datum=False, local=None):
         """``(prior part, data part)`` of ``Ũ_t`` at the unconstrained ``flat``; the data part holds
         the sites in subsampled plates, the prior part the others and the log-Jacobian. With
-        ``per_datum``, also the ``(n,)`` log-likelihoods of the minibatch's data (see :meth:`per_example`)."""
-        density = self._run(flat, batch, model_args, model_kwargs, per_datum=per_datum)
+        ``per_datum``, also the ``(n,)`` log-likelihoods of the minibatch's data (see :meth:`per_example`);
+        ``local``: the values of local Gibbs sites."""
+        density = self._run(flat, batch, model_args, model_kwargs, per_datum=per_datum, local=local)
         energies = -(_total(density.prior, flat) + density.log_det), -_total(density.data, flat)
         if per_datum:
             return energies + (_total(density.per_datum, flat),)
@@ -409,7 +429,7 @@ class ModelTarget:
         compiled = self._compiled_fn(("gradient", with_score), flat, batch)
         if compiled is None:
             return self._eager_gradient(flat, batch, with_score)
-        energy, grad, *score = compiled(flat, *(batch[name] for name in self.plate_sizes), *self._arg_tensors)
+        energy, grad, *score = compiled(flat, *self._batch_tensors(batch), *self._arg_tensors)
         return StochasticGradient(energy, grad, *(score or [None]))
 
     # --- per-datum scores (SGFS) ---------------------------------------------------------------
@@ -452,16 +472,16 @@ class ModelTarget:
 
     def traceable(self, key, flat, batch):
         """``(fn, example_inputs, check)`` for :func:`ppl_sgmcmc.pyro.compile.trace`: the gradient or the
-        deterministic sites as a function of tensors only, ``(flat, *plate indices, *model tensors)``,
+        deterministic sites as a function of tensors only, ``(flat, *batch tensors, *model tensors)``,
         and a check of a traced version against the model at ``flat`` and at a perturbed point."""
         self._arg_tensors, rebuild = _split_tensors((self.model_args, self.model_kwargs))
-        plate_names = list(self.plate_sizes) if key[0] == "gradient" else []
+        batch_tensors = self._batch_tensors(batch) if key[0] == "gradient" else []
 
         def fn(flat, *tensors):
-            indices = dict(zip(plate_names, tensors[: len(plate_names)]))
-            args, kwargs = rebuild(tensors[len(plate_names) :])
+            args, kwargs = rebuild(tensors[len(batch_tensors) :])
             if key[0] == "gradient":
-                out = self._value_and_grad(flat, indices, args, kwargs, key[1])
+                step_batch = self._batch_from_tensors(tensors[: len(batch_tensors)])
+                out = self._value_and_grad(flat, step_batch, args, kwargs, key[1])
                 return out if key[1] else out[:2]
             return self._deterministic(flat, args, kwargs)
 
@@ -469,7 +489,7 @@ class ModelTarget:
             generator = torch.Generator().manual_seed(0)
             noise = torch.randn(flat.shape, generator=generator, dtype=flat.dtype)
             for point in (flat, flat + 0.1 * noise):
-                got = compiled(point, *(batch[name] for name in plate_names), *self._arg_tensors)
+                got = compiled(point, *batch_tensors, *self._arg_tensors)
                 if key[0] == "gradient":
                     expected = self._eager_gradient(point, batch, key[1])
                 else:
@@ -478,7 +498,15 @@ class ModelTarget:
                     return False
             return True
 
-        return fn, (flat, *(batch[name] for name in plate_names), *self._arg_tensors), check
+        return fn, (flat, *batch_tensors, *self._arg_tensors), check
+
+    def _batch_tensors(self, batch):
+        """The tensors of a step's ``batch`` (the plates' indices) that the traced gradient takes as inputs."""
+        return [batch[name] for name in self.plate_sizes]
+
+    def _batch_from_tensors(self, tensors):
+        """The inverse of :meth:`_batch_tensors`."""
+        return dict(zip(self.plate_sizes, tensors))
 
     # --- evaluation ----------------------------------------------------------------------------
     def _deterministic(self, flat, model_args, model_kwargs):

@@ -1,7 +1,8 @@
 """Stochastic gradient Riemannian Langevin dynamics (Patterson & Teh, NeurIPS 2013) with the
-expanded-mean metric ``G(θ) = diag(θ)`` on positive latents, and mirroring at 0.
+expanded-mean preconditioner ``G(θ) = diag(θ)`` (the inverse of the Riemannian metric) on positive latents,
+and mirroring at 0.
 
-General SGRLD with metric ``G`` and ``Γ_i(θ) = Σ_j ∂G_ij/∂θ_j``, temperature ``τ``::
+General SGRLD with preconditioner ``G`` (the inverse metric) and ``Γ_i(θ) = Σ_j ∂G_ij/∂θ_j``, temperature ``τ``::
 
     θ ← θ - h (G(θ) ∇Ũ_t(θ) - τ Γ(θ)) + sqrt(2 h τ G(θ)) ζ
 

@@ -147,18 +147,22 @@ def run_sweeps(z0, num_sweeps, num_chains=20000):
     return run(jax.random.PRNGKey(3), z)
 
 
-def test_one_sweep_is_the_sequence_of_exact_conditionals():
-    """From a fixed state, one sweep's distribution over the 27 states is
+def one_sweep_distribution(z0):
+    """From the state ``z0``, one sweep's distribution over the 27 states:
     ``p(z'_1 | z_2, z_3) p(z'_2 | z'_1, z_3) p(z'_3 | z'_1, z'_2)``, each conditional by enumeration."""
-    z0 = np.array([1, 2, 0])
     exact = {}
     for new in itertools.product(range(NUM_TOPICS), repeat=3):
-        z, p = z0.copy(), 1.0
+        z, p = np.array(z0), 1.0
         for i in range(3):
             p *= conditional(i, z)[new[i]]
             z[i] = new[i]
         exact[new] = p
-    assert_frequencies(run_sweeps(z0, 1), exact, "one sweep")
+    return exact
+
+
+def test_one_sweep_is_the_sequence_of_exact_conditionals():
+    z0 = np.array([1, 2, 0])
+    assert_frequencies(run_sweeps(z0, 1), one_sweep_distribution(z0), "one sweep")
 
 
 def test_sweeps_leave_the_posterior_invariant():
