@@ -108,6 +108,18 @@ def initial_theta(value, num_partitions, auto_grid, kernel):
     return theta / theta.sum()
 
 
+def positive_latents(supports, is_positive, kernel):
+    """SGRLD's model: every latent site (``supports``: ``{name: support}``) has a positive support, by the
+    backend's ``is_positive(support)``."""
+    for name, support in supports.items():
+        if not is_positive(support):
+            raise ValueError(
+                f"{kernel}: latent site {name!r} has support {support}; SGRLD moves positive latents "
+                "only (preconditioner diag(θ), mirrored at 0). Declare it with a positive-support prior (e.g. "
+                "`dist.Gamma(beta, 1.0)`, the expanded-mean parametrisation), or use SGLD, SGHMC or SGNHT."
+            )
+
+
 def gibbs_options(gibbs_sites, gibbs_fn, gibbs_sweeps, kernel_name, has_model=True, gibbs_init=None):
     """The kernels' local Gibbs options (``gibbs_sites``, ``gibbs_fn``, ``gibbs_sweeps``, ``gibbs_init``):
     ``None`` when none are given, else ``(sites, fn, (burn_in, kept), init)``."""

@@ -46,7 +46,24 @@ def normalized_weights(idata, pool=False, log_weight="log_weight"):
     """The self-normalised importance weights, a ``(chain, draw)`` DataArray summing to 1 in all.
 
     ``pool=False``: each chain's weights sum to ``1/C``; ``pool=True``: normalised over all draws
-    (see the module docstring)."""
+    (see the module docstring).
+
+    :param idata: ``InferenceData`` with ``sample_stats[log_weight]`` of dims ``(chain, draw)``.
+    :param pool: normalise over all chains at once (default ``False``: per chain).
+    :param log_weight: the name of the log weights in ``sample_stats`` (default ``"log_weight"``).
+    :raises KeyError: ``sample_stats`` lacks ``log_weight``.
+    :raises ValueError: the log weights are not ``(chain, draw)`` or not finite.
+
+    **Example** (two chains of two draws)::
+
+        >>> import arviz as az, numpy as np
+        >>> log_w = np.log([[1.0, 3.0], [1.0, 1.0]])
+        >>> idata = az.from_dict(posterior={"x": np.zeros((2, 2))}, sample_stats={"log_weight": log_w})
+        >>> normalized_weights(idata).values.round(3).tolist()
+        [[0.125, 0.375], [0.25, 0.25]]
+        >>> normalized_weights(idata, pool=True).values.round(3).tolist()
+        [[0.167, 0.5], [0.167, 0.167]]
+    """
     lw = _log_weights(idata, log_weight)
     if pool:
         w = np.exp(lw - lw.max())
@@ -62,8 +79,21 @@ def weight_ess(idata, pool=False, by_chain=False, log_weight="log_weight"):
     has ``n``); the chain's autocorrelation lowers the effective size further, which ArviZ's ``ess``
     of the :func:`resample`-d draws accounts for.
 
+    :param pool: the weights as normalised with ``pool`` (see :func:`normalized_weights`).
+    :param by_chain: each chain's own ESS instead of one number.
+    :param log_weight: the name of the log weights in ``sample_stats``.
     :return: a float: the ESS of the weights as the estimators use them (per chain or pooled); with
         ``by_chain=True`` a ``(chain,)`` DataArray of each chain's own ESS.
+
+    **Example** (one chain with equal weights, one whose weight sits on one draw of four)::
+
+        >>> import arviz as az, numpy as np
+        >>> log_w = np.array([[0.0, 0.0, 0.0, 0.0], [0.0, -50.0, -50.0, -50.0]])
+        >>> idata = az.from_dict(posterior={"x": np.zeros((2, 4))}, sample_stats={"log_weight": log_w})
+        >>> weight_ess(idata, by_chain=True).values.round(2).tolist()
+        [4.0, 1.0]
+        >>> round(weight_ess(idata), 2)  # per-chain weights 1/8 (x4) and 1/2: 1 / (4/64 + 1/4)
+        3.2
     """
     if by_chain:
         w = normalized_weights(idata, pool=False, log_weight=log_weight)
@@ -79,7 +109,17 @@ def weighted_expectation(idata, fn=None, var_names=None, pool=False, group="post
         (e.g. ``lambda post: post["x"] < 0`` for a probability); default the identity.
     :param var_names: restrict the group to these variables first.
     :param pool: see the module docstring (default per-chain normalisation).
+    :param group: the ``InferenceData`` group the draws come from (default ``"posterior"``).
+    :param log_weight: the name of the log weights in ``sample_stats``.
     :return: ``fn``'s result reduced over ``chain`` and ``draw``.
+
+    **Example** (draws of ``N(0, 1)`` reweighted to ``N(1, 1)``: ``P(x < 0)`` is about ``Φ(-1) ≈ 0.16``)::
+
+        >>> import arviz as az, numpy as np
+        >>> x = np.random.default_rng(0).normal(size=(4, 5000))
+        >>> idata = az.from_dict(posterior={"x": x}, sample_stats={"log_weight": x - 0.5})
+        >>> round(float(weighted_expectation(idata, lambda post: post["x"] < 0)), 2)
+        0.16
     """
     data = idata[group]
     if var_names is not None:

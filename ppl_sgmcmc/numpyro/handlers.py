@@ -24,6 +24,16 @@ class full_data(Messenger):
     """
 
     def process_message(self, msg):
+        """Give a subsampled plate's message (``args = (N, n)``) the full size: ``args = (N, None)``
+        and the indices ``0..N-1``; other messages pass unchanged.
+
+        **Example**::
+
+            >>> msg = {"type": "plate", "args": (5, 2), "value": None}
+            >>> full_data().process_message(msg)
+            >>> msg["args"], msg["value"].tolist()
+            ((5, None), [0, 1, 2, 3, 4])
+        """
         if msg["type"] == "plate" and msg["args"][1] is not None:
             size = msg["args"][0]
             msg["value"] = jnp.arange(size)

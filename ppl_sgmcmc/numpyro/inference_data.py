@@ -30,6 +30,20 @@ def full_data_log_likelihood(mcmc, chunk_size=256):
     :param int chunk_size: draws evaluated at once; bounds the peak memory to about
         ``chunk_size × N`` floats beyond the result.
     :return: ``{site: array of shape (num_chains, num_draws, *site_shape)}`` (NumPy).
+
+    **Example** (100 data points, minibatches of 10: the log-likelihood covers all 100)::
+
+        >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+        >>> from numpyro.infer import MCMC
+        >>> from ppl_sgmcmc.numpyro import SGLD
+        >>> def model(y):
+        ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
+        ...     with numpyro.plate("data", y.shape[0], subsample_size=10):
+        ...         numpyro.sample("y", dist.Normal(mu, 1), obs=numpyro.subsample(y, event_dim=0))
+        >>> mcmc = MCMC(SGLD(model, step_size=1e-3), num_warmup=10, num_samples=20, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), jnp.zeros(100))
+        >>> full_data_log_likelihood(mcmc, chunk_size=8)["y"].shape
+        (1, 20, 100)
     """
     _check(mcmc)
     samples = mcmc.get_samples(group_by_chain=True)

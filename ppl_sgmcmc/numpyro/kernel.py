@@ -15,7 +15,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from ppl_sgmcmc import _checks
+from ppl_sgmcmc import _hyperparameters
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro import gibbs
 from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors
@@ -36,6 +36,15 @@ class SGMCMCState(NamedTuple):
     - **num_diverging**: the number of rejected steps so far.
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.numpyro.minibatch`).
     - **rng_key**: the random key for the next step.
+
+    **Example** (the state :meth:`SGMCMCKernel.init` returns)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from ppl_sgmcmc.numpyro import SGLD
+        >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1)
+        >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, init_params={"x": jnp.ones(2)})
+        >>> int(state.i), state.z["x"].tolist(), float(state.potential_energy), bool(state.diverging)
+        (0, [1.0, 1.0], 1.0, False)
     """
 
     i: jax.Array
@@ -82,6 +91,22 @@ class SGMCMCKernel(MCMCKernel):
     :param gibbs_sweeps: ``(burn_in, kept)`` sweeps per gradient (default ``(5, 5)``).
     :param gibbs_init: optional ``gibbs_init(rng_key, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites``
         giving the sweeps' starting point from the local sites' prior draw (default: start at the prior draw).
+
+    **Example** (a kernel on an energy instead of a model: ``potential_fn`` and ``init_params``; five
+    steps per kept draw)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from numpyro.infer import MCMC
+        >>> from ppl_sgmcmc.numpyro import SGLD
+        >>> def potential(z):  # U(x) = |x|²/2, a standard normal
+        ...     return 0.5 * jnp.sum(z["x"] ** 2)
+        >>> kernel = SGLD(potential_fn=potential, step_size=0.05, steps_per_sample=5)
+        >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=500, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones(2)}, extra_fields=("potential_energy",))
+        >>> mcmc.get_samples()["x"].shape, mcmc.get_extra_fields()["potential_energy"].shape
+        ((500, 2), (500,))
+        >>> int(mcmc.last_state.i), int(mcmc.last_state.num_diverging)  # 5 × (100 + 500) steps
+        (3000, 0)
     """
 
     sample_field = "z"
@@ -103,51 +128,99 @@ class SGMCMCKernel(MCMCKernel):
         gibbs_sweeps=(5, 5),
         gibbs_init=None,
     ):
-        name = type(self).__name__
-        if (model is None) == (potential_fn is None):
-            raise ValueError(f"{name}: give exactly one of `model` and `potential_fn`.")
-        for arg, fn in (("model", model), ("potential_fn", potential_fn)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{name}: `{arg}` must be callable, got {type(fn).__name__}.")
+        gibbs = (gibbs_sites, gibbs_fn, gibbs_sweeps, gibbs_init)
+        self._step_size, self._temperature, self._steps_per_sample, self._gibbs = _hyperparameters.sampler(
+            model, potential_fn, step_size, temperature, steps_per_sample, gibbs, type(self).__name__
+        )
+        self._options = {}  # the algorithm's own rule keyword arguments (`_hyperparameters`), set by subclasses
         self._model = model
         self._potential_fn = potential_fn
-        self._step_size = _checks.step_size(step_size, name)
-        self._temperature = _checks.positive("temperature", temperature, name)
         self._replace = bool(replace)
-        self._steps_per_sample = _checks.positive_int("steps_per_sample", steps_per_sample, name)
         self._init_strategy = init_strategy
-        self._gibbs = _checks.gibbs_options(
-            gibbs_sites, gibbs_fn, gibbs_sweeps, name, has_model=model is not None, gibbs_init=gibbs_init
-        )
         self._target = None
         self._sample_fn = None
 
     # --- what subclasses provide -------------------------------------------------------------
     def hyperparameters(self):
-        """The rule's keyword arguments besides ``step_size`` (``temperature`` included)."""
-        return {"temperature": self._temperature}
+        """The rule's keyword arguments besides ``step_size`` (``temperature`` included).
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1, temperature=2.0).hyperparameters()
+            {'temperature': 2.0}
+        """
+        return {"temperature": self._temperature, **self._options}
 
     # --- numpyro.infer.MCMCKernel ------------------------------------------------------------
     @property
     def model(self):
         """The model on its full data (see :class:`~ppl_sgmcmc.numpyro.handlers.full_data`): what ArviZ,
-        ``Predictive`` and deterministic sites should see. The subsampled model is :attr:`subsampled_model`."""
+        ``Predictive`` and deterministic sites should see. The subsampled model is :attr:`subsampled_model`.
+        ``None`` for a kernel built from ``potential_fn``.
+
+        **Example** (the plate of 5 data points runs on all 5, not on a minibatch of 2)::
+
+            >>> import jax.numpy as jnp, numpyro, numpyro.distributions as dist
+            >>> from numpyro.handlers import seed, trace
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> def model(y):
+            ...     mu = numpyro.sample("mu", dist.Normal(0, 1))
+            ...     with numpyro.plate("data", y.shape[0], subsample_size=2):
+            ...         numpyro.sample("y", dist.Normal(mu, 1), obs=numpyro.subsample(y, event_dim=0))
+            >>> kernel = SGLD(model, step_size=1e-3)
+            >>> trace(seed(kernel.model, 0)).get_trace(jnp.zeros(5))["y"]["value"].shape
+            (5,)
+        """
         return None if self._model is None else full_data(self._model)
 
     @property
     def subsampled_model(self):
-        """The model as declared, with its subsampled plates."""
+        """The model as declared, with its subsampled plates.
+
+        **Example** (a minibatch of 2 of the 5 data points)::
+
+            >>> import jax.numpy as jnp, numpyro, numpyro.distributions as dist
+            >>> from numpyro.handlers import seed, trace
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> def model(y):
+            ...     mu = numpyro.sample("mu", dist.Normal(0, 1))
+            ...     with numpyro.plate("data", y.shape[0], subsample_size=2):
+            ...         numpyro.sample("y", dist.Normal(mu, 1), obs=numpyro.subsample(y, event_dim=0))
+            >>> kernel = SGLD(model, step_size=1e-3)
+            >>> kernel.subsampled_model is model, trace(seed(model, 0)).get_trace(jnp.zeros(5))["y"]["value"].shape
+            (True, (2,))
+        """
         return self._model
 
     @property
     def default_fields(self):
+        """The state fields ``MCMC`` collects unless told otherwise (``extra_fields`` adds more):
+        the latents ``z`` and ``diverging``.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1).default_fields
+            ('z', 'diverging')
+        """
         return ("z", "diverging")
 
     def get_diagnostics_str(self, state):
         """The progress bar's postfix: ``Ũ_t``, the step size and the number of rejected steps.
 
         NumPyro asks for it after every step; reading the state forces the host to wait for the device,
-        so the string is refreshed only every ``diagnostics_every`` calls and reused in between."""
+        so the string is refreshed only every ``diagnostics_every`` calls and reused in between.
+
+        **Example**::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1)
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, init_params={"x": jnp.ones(2)})
+            >>> kernel.get_diagnostics_str(state)
+            'Ũ_t 1, h 1.00e-01, div 0'
+        """
         self._diagnostics_calls = getattr(self, "_diagnostics_calls", -1) + 1
         if self._diagnostics_calls % self.diagnostics_every == 0:
             self._diagnostics = self.diagnostics(state)
@@ -156,19 +229,70 @@ class SGMCMCKernel(MCMCKernel):
     diagnostics_every = 100
 
     def diagnostics(self, state):
-        """The diagnostics string of one state (read from the device)."""
+        """The diagnostics string of one state (read from the device): the minibatch energy ``Ũ_t``,
+        the step size and the number of rejected steps.
+
+        **Example**::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1)
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, init_params={"x": jnp.ones(2)})
+            >>> kernel.diagnostics(state)
+            'Ũ_t 1, h 1.00e-01, div 0'
+        """
         return f"Ũ_t {float(state.potential_energy):.4g}, h {float(state.step_size):.2e}, div {int(state.num_diverging)}"
 
     def postprocess_fn(self, model_args, model_kwargs):
+        """The map from the chain's unconstrained latents ``z`` to the model's constrained values, with
+        the deterministic sites evaluated on the full data; the identity for a ``potential_fn`` kernel
+        (and before :meth:`init`). ``MCMC.get_samples`` applies it.
+
+        **Example** (a positive scale: ``log`` is its transform, so ``z = 0`` is ``scale = 1``)::
+
+            >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> def model(y):
+            ...     scale = numpyro.sample("scale", dist.HalfNormal(1.0))
+            ...     with numpyro.plate("data", y.shape[0], subsample_size=2):
+            ...         numpyro.sample("y", dist.Normal(0.0, scale), obs=numpyro.subsample(y, event_dim=0))
+            >>> kernel, y = SGLD(model, step_size=1e-3), jnp.ones(10)
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, model_args=(y,))
+            >>> float(kernel.postprocess_fn((y,), {})({"scale": jnp.array(0.0)})["scale"])
+            1.0
+        """
         if self._target is None:
             return lambda z: z
         return self._target.postprocess_fn(as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {}))
 
     def get_constrain_fn(self, model_args, model_kwargs):
+        """The same map as :meth:`postprocess_fn` (NumPyro's older name for it).
+
+        **Example** (a ``potential_fn`` kernel: its latents are the energy's own, so the map is the identity)::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1)
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, init_params={"x": jnp.ones(2)})
+            >>> kernel.get_constrain_fn((), {})({"x": 1.0})
+            {'x': 1.0}
+        """
         return self.postprocess_fn(model_args, model_kwargs)
 
     def step_size_at(self, i):
-        """The step size ``h_i`` of step ``i``."""
+        """The step size ``h_i`` of step ``i`` (0-based, warm-up included): the schedule at ``i``, or the
+        constant ``h`` as an array.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> from ppl_sgmcmc.schedules import polynomial
+            >>> kernel = SGLD(potential_fn=lambda z: 0.0, step_size=polynomial(a=1.0, b=1.0, gamma=1.0))
+            >>> kernel.step_size_at(0), kernel.step_size_at(9)
+            (1.0, 0.1)
+            >>> round(float(SGLD(potential_fn=lambda z: 0.0, step_size=1e-3).step_size_at(9)), 6)
+            0.001
+        """
         return self._step_size(i) if callable(self._step_size) else jnp.asarray(self._step_size)
 
     def _make_target(self, model_args, model_kwargs, rng_key):
@@ -180,6 +304,26 @@ class SGMCMCKernel(MCMCKernel):
         return gibbs.GibbsTarget(*args, *self._gibbs, constrained=self.constrained)
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        """Start the chain: build the model's stochastic potential, find initial values (unless
+        ``init_params`` are given), draw the first minibatch and its gradient, and the rule's state.
+
+        :param rng_key: a PRNG key, or an array of keys for chains vectorised with ``vmap`` (then
+            ``init_params`` have a leading chain axis).
+        :param num_warmup: the number of warm-up draws (burn-in; nothing adapts).
+        :param init_params: unconstrained initial values ``{site: array}``; needed with ``potential_fn``.
+        :param model_args: the model's positional arguments (the data).
+        :param model_kwargs: the model's keyword arguments.
+        :return: the :class:`SGMCMCState` at step 0.
+
+        **Example**::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1)
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, init_params={"x": jnp.ones(2)})
+            >>> int(state.i), state.z["x"].tolist(), float(state.potential_energy)  # U(1, 1) = 1
+            (0, [1.0, 1.0], 1.0)
+        """
         name = type(self).__name__
         model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
         vectorized = not is_prng_key(rng_key)
@@ -201,6 +345,26 @@ class SGMCMCKernel(MCMCKernel):
         return state
 
     def sample(self, state, model_args, model_kwargs):
+        """``steps_per_sample`` steps of the chain from ``state`` (a pure function of its arguments, which
+        ``MCMC`` compiles); a step whose gradient or new state is not finite is rejected and counted.
+
+        :param state: the :class:`SGMCMCState` of :meth:`init` or of the last call.
+        :param model_args: the model's positional arguments (the data), as given to :meth:`init`.
+        :param model_kwargs: the model's keyword arguments.
+        :return: the new :class:`SGMCMCState`.
+
+        **Example**::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1)
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, init_params={"x": jnp.ones(2)})
+            >>> step = jax.jit(kernel.sample)
+            >>> for _ in range(3):
+            ...     state = step(state, (), {})
+            >>> int(state.i), state.z["x"].shape, int(state.num_diverging)
+            (3, (2,), 0)
+        """
         if self._sample_fn is None:
             raise RuntimeError(f"{type(self).__name__}: call `init` before `sample`.")
         return self._sample_fn(state, as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {}))

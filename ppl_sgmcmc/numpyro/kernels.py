@@ -2,11 +2,10 @@
 hyper-parameters; :class:`~ppl_sgmcmc.numpyro.kernel.SGMCMCKernel` does the rest."""
 
 import math
-import warnings
 
 import jax.numpy as jnp
 
-from ppl_sgmcmc import _checks
+from ppl_sgmcmc import _checks, _hyperparameters
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
 from ppl_sgmcmc.rules import psgld, sghmc, sgld, sgnht
 from ppl_sgmcmc.rules import sgfs
@@ -14,7 +13,7 @@ from ppl_sgmcmc.numpyro.kernel import SGMCMCState
 from ppl_sgmcmc.rules import csgld
 from ppl_sgmcmc.rules import sgrld
 
-INTEGRATORS = ("splitting", "euler")
+INTEGRATORS = _hyperparameters.INTEGRATORS
 
 
 class SGLD(SGMCMCKernel):
@@ -83,11 +82,7 @@ class SGHMC(SGMCMCKernel):
 
     def __init__(self, model=None, potential_fn=None, *, step_size, friction=1.0, integrator="splitting", **kwargs):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        self._friction = _checks.positive("friction", friction, type(self).__name__)
-        self._integrator = _checks.choice("integrator", integrator, INTEGRATORS, type(self).__name__)
-
-    def hyperparameters(self):
-        return dict(super().hyperparameters(), friction=self._friction, integrator=self._integrator)
+        self._options = _hyperparameters.sghmc(friction, integrator, type(self).__name__)
 
 
 class SGNHT(SGMCMCKernel):
@@ -149,18 +144,7 @@ class SGNHT(SGMCMCKernel):
         **kwargs,
     ):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        name = type(self).__name__
-        self._diffusion = _checks.positive("diffusion", diffusion, name)
-        self._multivariate = _checks.choice("thermostat", thermostat, ("multivariate", "scalar"), name) == "multivariate"
-        self._integrator = _checks.choice("integrator", integrator, INTEGRATORS, name)
-
-    def hyperparameters(self):
-        return dict(
-            super().hyperparameters(),
-            diffusion=self._diffusion,
-            multivariate=self._multivariate,
-            integrator=self._integrator,
-        )
+        self._options = _hyperparameters.sgnht(diffusion, thermostat, integrator, type(self).__name__)
 
     def diagnostics(self, state):
         return f"{super().diagnostics(state)}, ξ̄ {float(state.rule_state.thermostat.mean()):.3g}"
@@ -206,12 +190,7 @@ class PSGLD(SGMCMCKernel):
 
     def __init__(self, model=None, potential_fn=None, *, step_size, alpha=0.99, eps=1e-5, **kwargs):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        name = type(self).__name__
-        self._alpha = _checks.in_unit_interval("alpha", alpha, name)
-        self._eps = _checks.positive("eps", eps, name)
-
-    def hyperparameters(self):
-        return dict(super().hyperparameters(), alpha=self._alpha, eps=self._eps)
+        self._options = _hyperparameters.psgld(alpha, eps, type(self).__name__)
 
 
 # --- contour SG-MCMC (CSGLD / CSGHMC) ---------------------------------------------------------------
@@ -340,91 +319,38 @@ class CSGLD(SGMCMCKernel):
         **kwargs,
     ):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        name = type(self).__name__
-        self._adapt_theta = _checks.choice("adapt_theta", adapt_theta, ("always", "warmup", "never"), name)
-        self._num_partitions = _checks.int_at_least("num_partitions", num_partitions, 2, name)
-        self._energy_gap = None if energy_gap == "auto" else _checks.positive("energy_gap", energy_gap, name)
-        self._energy_min = None if energy_min == "auto" else _checks.finite("energy_min", energy_min, name)
-        self._zeta = _checks.non_negative("zeta", zeta, name)
-        if not callable(sa_step_size):
-            sa_step_size = _checks.in_unit_interval("sa_step_size", sa_step_size, name)
-        self._sa_step_size = sa_step_size
-        self._weight = _checks.choice("weight", weight, csgld.WEIGHTS, name)
-        if calibration_steps is not None:
-            calibration_steps = _checks.int_at_least("calibration_steps", calibration_steps, 2, name)
-        self._requested_calibration = calibration_steps
-        self._calibration_steps = 0
-        self._adaptation_steps = None
-        self._initial_theta = None
-        if initial_theta is not None:
-            self._initial_theta = _checks.initial_theta(initial_theta, self._num_partitions, self.auto_grid, name)
-        elif self._adapt_theta == "never":
-            raise ValueError(
-                f"{name}: adapt_theta=\"never\" keeps θ at `initial_theta`; give `initial_theta` (with the "
-                "uniform θ the chain would be plain SGLD)."
-            )
+        self._contour = _hyperparameters.csgld(
+            num_partitions, energy_gap, energy_min, zeta, sa_step_size, weight, calibration_steps, adapt_theta,
+            initial_theta, type(self).__name__,
+        )
+        self._calibration_steps, self._adaptation_steps = 0, None  # set from the warm-up by `init`
 
     @property
     def auto_grid(self):
         """Whether the energy grid is chosen from the warm-up."""
-        return self._energy_min is None or self._energy_gap is None
+        return self._contour.auto_grid
 
     def hyperparameters(self):
-        return dict(
-            super().hyperparameters(),
-            num_partitions=self._num_partitions,
-            energy_min=self._energy_min,
-            energy_gap=self._energy_gap,
-            zeta=self._zeta,
-            sa_step_size=self._sa_step_size,
-            calibration_steps=self._calibration_steps,
-            adaptation_steps=self._adaptation_steps,
-            weight=self._weight,
-            integrator=self.integrator,
-        )
+        contour = self._contour.rule_kwargs(self._calibration_steps, self._adaptation_steps)
+        return dict(super().hyperparameters(), **contour, integrator=self.integrator)
 
     @property
     def default_fields(self):
         return ("z", "diverging", "log_weight", "partition")
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
-        name = type(self).__name__
-        warmup_steps = num_warmup * self._steps_per_sample
-        if not self.auto_grid:
-            self._calibration_steps = 0
-        elif self._requested_calibration is not None:
-            if self._requested_calibration > warmup_steps:
-                raise ValueError(
-                    f"{name}: `calibration_steps` ({self._requested_calibration}) exceeds the warm-up "
-                    f"({warmup_steps} steps): draws taken before the grid is set carry no valid weight. "
-                    "Lengthen `num_warmup` or shorten `calibration_steps`."
-                )
-            self._calibration_steps = self._requested_calibration
-        else:
-            self._calibration_steps = warmup_steps // 2
-            if self._calibration_steps < 2:
-                raise ValueError(
-                    f"{name}: `energy_min`/`energy_gap` \"auto\" choose the energy grid during the warm-up, "
-                    f"but num_warmup={num_warmup} gives too few steps. Set `num_warmup` (hundreds of steps or "
-                    "more), or give `energy_min` and `energy_gap` explicitly."
-                )
-        if self._adapt_theta == "warmup":
-            if warmup_steps <= self._calibration_steps:
-                raise ValueError(
-                    f"{name}: with adapt_theta=\"warmup\" the partition weights are learned during the warm-up after "
-                    f"the grid is set, but the warm-up ({warmup_steps} steps) leaves no step for it. Lengthen `num_warmup`."
-                )
-            self._adaptation_steps = warmup_steps
-        elif self._adapt_theta == "never":
-            self._adaptation_steps = 0
+        self._calibration_steps, self._adaptation_steps = self._contour.windows(
+            num_warmup, self._steps_per_sample, "num_warmup", type(self).__name__
+        )
         return super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
 
     def _init_state(self, init_params, rng_key, model_args, model_kwargs):
         state = ContourState(*super()._init_state(init_params, rng_key, model_args, model_kwargs))
-        if self._initial_theta is None:
+        initial_theta = self._contour.initial_theta
+        if initial_theta is None:
             return state
         theta = state.rule_state.theta
-        return state._replace(rule_state=state.rule_state._replace(theta=jnp.asarray(self._initial_theta, theta.dtype)))
+        return state._replace(rule_state=state.rule_state._replace(theta=jnp.asarray(initial_theta, theta.dtype)))
 
     def _step(self, state, model_args, model_kwargs):
         return ContourState(*super()._step(state, model_args, model_kwargs))
@@ -463,11 +389,8 @@ class CSGHMC(CSGLD):
 
     def __init__(self, model=None, potential_fn=None, *, step_size, friction=1.0, integrator="splitting", **kwargs):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        self._friction = _checks.positive("friction", friction, type(self).__name__)
-        self.integrator = _checks.choice("integrator", integrator, INTEGRATORS, type(self).__name__)
-
-    def hyperparameters(self):
-        return dict(super().hyperparameters(), friction=self._friction)
+        self._options = _hyperparameters.sghmc(friction, integrator, type(self).__name__)
+        self.integrator = self._options["integrator"]
 
 
 class SGFS(SGMCMCKernel):
@@ -570,53 +493,16 @@ class SGFS(SGMCMCKernel):
         **kwargs,
     ):
         name = type(self).__name__
-        if potential_fn is not None:
-            raise ValueError(
-                f"{name}: SGFS needs the per-datum scores of a model's subsampled plate; give `model`, not "
-                "`potential_fn`."
-            )
-        if (step_size is None) == (alpha is None):
-            raise ValueError(f"{name}: give exactly one of `step_size` (ε) and `alpha` (α = 2/sqrt(ε)).")
-        if alpha is not None:
-            step_size = sgfs.alpha_to_step_size(_checks.non_negative("alpha", alpha, name))
-        if kwargs.get("temperature", 1.0) != 1.0:
-            raise ValueError(f"{name}: `temperature` must be 1; SGFS (Algorithm 1) has no temperature.")
-        if kwargs.get("gibbs_sites"):
-            raise NotImplementedError(
-                f"{name}: SGFS with local Gibbs sites is not supported (per-datum scores would have to average "
-                "over the sweeps); marginalise the local sites or use another kernel."
-            )
-        infinite = not callable(step_size) and isinstance(step_size, (int, float)) and step_size == math.inf
-        super().__init__(model, potential_fn, step_size=1.0 if infinite else step_size, **kwargs)
+        step_size, infinite = _hyperparameters.sgfs_step_size(potential_fn, step_size, alpha, kwargs, name)
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
         if infinite:
             self._step_size = math.inf
-        self._fisher = _checks.choice("fisher", fisher, sgfs.FISHER_FORMS, name)
-        if isinstance(B, str):
-            self._B = _checks.choice("B", B, ("fisher", "identity"), name)
-        else:
-            self._B = _checks.positive_definite("B", B, name)
-            if self._fisher == "diagonal" and self._B.ndim == 2:
-                raise ValueError(
-                    f"{name}: fisher='diagonal' needs a diagonal `B` (a scalar or a vector), got a matrix; use "
-                    "fisher='full' or pass its diagonal."
-                )
-        self._ridge = _checks.non_negative("ridge", ridge, name)
-        if fisher_window is not None:
-            fisher_window = _checks.positive_int("fisher_window", fisher_window, name)
-        self._fisher_window = fisher_window
-        self._max_full_dim = _checks.positive_int("max_full_dim", max_full_dim, name)
+        self._options = _hyperparameters.sgfs(fisher, B, ridge, fisher_window, max_full_dim, name)
         self._num_warmup = 0
 
     def hyperparameters(self):
-        return dict(
-            data_size=self._target.data_size,
-            fisher=self._fisher,
-            B=self._B,
-            ridge=self._ridge,
-            num_warmup=self._num_warmup * self._steps_per_sample,  # in steps
-            fisher_window=self._fisher_window,
-            max_full_dim=self._max_full_dim,
-        )
+        num_warmup = self._num_warmup * self._steps_per_sample  # in steps
+        return dict(self._options, data_size=self._target.data_size, num_warmup=num_warmup)
 
     def _make_target(self, model_args, model_kwargs, rng_key):
         target = super()._make_target(model_args, model_kwargs, rng_key)
@@ -633,16 +519,8 @@ class SGFS(SGMCMCKernel):
             if isinstance(cause, sgfs.SGFSConfigError):
                 raise ValueError(f"{type(self).__name__}: {cause}") from None
             raise
-        ((_, (_, n)),) = self._target.plate_sizes.items()
         d = state.rule_state.fisher.shape[-1]
-        if self._fisher == "full" and n <= d and self._ridge < 1e-2:
-            warnings.warn(
-                f"{type(self).__name__}: the minibatch (n = {n}) is not larger than the number of parameters "
-                f"(d = {d}), so the Fisher estimate is singular for the first ~d/n steps and, with ridge = "
-                f"{self._ridge:g}, steps along its null space are huge (rejected as divergent). Use ridge=1e-2 or "
-                "more, a larger subsample_size, or fisher='diagonal'.",
-                stacklevel=2,
-            )
+        _hyperparameters.sgfs_warn_singular(self._target.plate_sizes, d, self._options, type(self).__name__)
         return state
 
 
@@ -683,11 +561,5 @@ class SGRLD(SGMCMCKernel):
 
     def _make_target(self, model_args, model_kwargs, rng_key):
         target = super()._make_target(model_args, model_kwargs, rng_key)
-        for name, support in target.latent_supports.items():
-            if not _is_positive(support):
-                raise ValueError(
-                    f"{type(self).__name__}: latent site {name!r} has support {support}; SGRLD moves positive latents "
-                    "only (preconditioner diag(θ), mirrored at 0). Declare it with a positive-support prior (e.g. "
-                    "`dist.Gamma(beta, 1.0)`, the expanded-mean parametrisation), or use SGLD, SGHMC or SGNHT."
-                )
+        _checks.positive_latents(target.latent_supports, _is_positive, type(self).__name__)
         return target

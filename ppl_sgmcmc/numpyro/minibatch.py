@@ -24,14 +24,35 @@ _MAX_MODULO_SIZE = 2**18
 
 
 class BatchState(NamedTuple):
-    """Per plate: the current epoch's permutation and the position in it (empty when ``replace``)."""
+    """Per plate: the current epoch's permutation and the position in it (empty when ``replace``).
+
+    **Example**::
+
+        >>> import jax
+        >>> from ppl_sgmcmc.numpyro import minibatch
+        >>> minibatch.init(jax.random.PRNGKey(0), {"data": (10, 3)}, replace=True)
+        BatchState(permutation={}, position={})
+    """
 
     permutation: dict
     position: dict
 
 
 def init(rng_key, plate_sizes, replace):
-    """The batch state at the start of the chain."""
+    """The batch state at the start of the chain.
+
+    :param rng_key: a PRNG key (for the first epoch's permutations).
+    :param plate_sizes: ``{plate name: (N, n)}``.
+    :param replace: draw with replacement (no state) or reshuffle each epoch.
+
+    **Example**::
+
+        >>> import jax
+        >>> from ppl_sgmcmc.numpyro import minibatch
+        >>> state = minibatch.init(jax.random.PRNGKey(0), {"data": (10, 3)}, replace=False)
+        >>> sorted(state.permutation["data"].tolist()), int(state.position["data"])
+        ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 0)
+    """
     if replace:
         return BatchState({}, {})
     keys = random.split(rng_key, max(len(plate_sizes), 1))
@@ -42,7 +63,16 @@ def init(rng_key, plate_sizes, replace):
 
 
 def uniform_indices(rng_key, size, n):
-    """``n`` indices drawn uniformly with replacement from ``0..size-1``."""
+    """``n`` indices drawn uniformly with replacement from ``0..size-1`` (int32).
+
+    **Example**::
+
+        >>> import jax
+        >>> from ppl_sgmcmc.numpyro import minibatch
+        >>> idx = minibatch.uniform_indices(jax.random.PRNGKey(0), 10, 5)
+        >>> idx.shape, idx.dtype, bool(((idx >= 0) & (idx < 10)).all())
+        ((5,), dtype('int32'), True)
+    """
     if size <= _MAX_MODULO_SIZE:
         return (random.bits(rng_key, (n,), jnp.uint32) % size).astype(jnp.int32)
     return random.randint(rng_key, (n,), 0, size)
@@ -69,7 +99,33 @@ def _reshuffle_batched(axis_size, in_batched, new_epoch, rng_key, permutation):
 
 
 def draw(rng_key, state, plate_sizes, replace):
-    """The indices of each subsampled plate for one step, and the advanced batch state."""
+    """The indices of each subsampled plate for one step, and the advanced batch state.
+
+    :param rng_key: a PRNG key for this step.
+    :param state: the :class:`BatchState`.
+    :param plate_sizes: ``{plate name: (N, n)}``.
+    :param replace: with replacement, or the next ``n`` indices of the epoch's permutation.
+    :return: ``({plate name: n indices}, new state)``.
+
+    **Example** (without replacement: three minibatches of 3 cover 9 distinct points of 10; the fourth
+    starts a new epoch)::
+
+        >>> import jax
+        >>> from functools import partial
+        >>> from ppl_sgmcmc.numpyro import minibatch
+        >>> sizes = {"data": (10, 3)}
+        >>> state = minibatch.init(jax.random.PRNGKey(0), sizes, replace=False)
+        >>> draw = jax.jit(partial(minibatch.draw, plate_sizes=sizes, replace=False))  # as in a kernel's step
+        >>> seen = []
+        >>> for key in jax.random.split(jax.random.PRNGKey(1), 3):
+        ...     indices, state = draw(key, state)
+        ...     seen += indices["data"].tolist()
+        >>> len(set(seen)), int(state.position["data"])
+        (9, 9)
+        >>> indices, state = draw(jax.random.PRNGKey(2), state)
+        >>> int(state.position["data"])
+        3
+    """
     keys = dict(zip(plate_sizes, random.split(rng_key, len(plate_sizes)) if len(plate_sizes) > 1 else [rng_key]))
     if replace:
         return {name: uniform_indices(keys[name], size, n) for name, (size, n) in plate_sizes.items()}, state

@@ -22,7 +22,18 @@ __all__ = ["FullDataMessenger", "FullDataModel", "as_tensors", "full_data", "is_
 
 
 def is_subsample_site(msg):
-    """Whether a message is the index draw of a plate with ``subsample_size < size``."""
+    """Whether a message is the index draw of a plate with ``subsample_size < size``.
+
+    **Example**::
+
+        >>> import torch, pyro
+        >>> def model():
+        ...     pyro.plate("data", 10, subsample_size=3)
+        ...     pyro.plate("full", 10)
+        >>> nodes = pyro.poutine.trace(model).get_trace().nodes
+        >>> is_subsample_site(nodes["data"]), is_subsample_site(nodes["full"])
+        (True, False)
+    """
     fn = msg["fn"]
     return (
         msg["type"] == "sample"
@@ -38,6 +49,24 @@ class subsample_plates(Messenger):
     Plates not in ``indices``, and plates whose indices the model fixes itself (``subsample=``),
     are left alone. With ``indices=None`` every subsampled plate gets ``0..n-1``: a cheap,
     RNG-free choice for prototype traces (Pyro's own draw is an O(N) ``torch.randperm``).
+
+    :param indices: ``{plate name: index tensor of length n}``, or ``None``.
+
+    **Example**::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> def model(y):
+        ...     with pyro.plate("data", y.shape[0], subsample_size=2) as idx:
+        ...         pyro.sample("y", dist.Normal(0.0, 1.0), obs=pyro.subsample(y, event_dim=0))
+        ...     return idx
+        >>> y = torch.arange(10.0)
+        >>> with subsample_plates({"data": torch.tensor([7, 3])}):
+        ...     trace = pyro.poutine.trace(model).get_trace(y)
+        >>> trace.nodes["y"]["value"], trace.nodes["y"]["scale"]  # the minibatch, scaled by N / n
+        (tensor([7., 3.]), 5.0)
+        >>> with subsample_plates():
+        ...     model(y)
+        tensor([0, 1])
     """
 
     def __init__(self, indices=None):
@@ -103,7 +132,17 @@ def _plate_under_construction():
 
 
 class FullDataMessenger(Messenger):
-    """The handler of :func:`full_data`."""
+    """The handler of :func:`full_data` (``full_data()`` returns one).
+
+    **Example**::
+
+        >>> import torch, pyro
+        >>> with FullDataMessenger():
+        ...     with pyro.plate("data", 5, subsample_size=2) as idx:
+        ...         pass
+        >>> idx
+        tensor([0, 1, 2, 3, 4])
+    """
 
     def _pyro_sample(self, msg):
         if msg["value"] is not None or not is_subsample_site(msg):
@@ -141,7 +180,14 @@ def full_data(fn=None):
 
 def as_tensors(tree):
     """Turn NumPy arrays (in tuples, lists and dicts) into torch tensors; floating arrays take
-    torch's default dtype, as JAX turns float64 arrays into float32 when x64 is off."""
+    torch's default dtype, as JAX turns float64 arrays into float32 when x64 is off.
+
+    **Example**::
+
+        >>> import numpy as np
+        >>> as_tensors((np.zeros(2), {"n": np.arange(3)}, "text"))
+        (tensor([0., 0.]), {'n': tensor([0, 1, 2])}, 'text')
+    """
 
     if isinstance(tree, np.ndarray):
         tensor = torch.as_tensor(tree)
@@ -157,6 +203,21 @@ class FullDataModel:
     """``model`` on its full data (see :class:`full_data`), NumPy arguments turned into tensors.
 
     A plain callable object, so that it pickles (for Pyro's worker processes) whenever the model does.
+
+    :param model: a Pyro model.
+
+    **Example**::
+
+        >>> import pickle, torch, pyro, pyro.distributions as dist
+        >>> def model(y):
+        ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        ...     with pyro.plate("data", y.shape[0], subsample_size=2):
+        ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+        >>> full = FullDataModel(model)
+        >>> full
+        FullDataModel('model')
+        >>> pyro.poutine.trace(full).get_trace(torch.zeros(5)).nodes["y"]["value"].shape
+        torch.Size([5])
     """
 
     def __init__(self, model):

@@ -32,7 +32,25 @@ def sample_stats(mcmc):
     """The per-draw statistics a kernel records besides ``diverging``, as ``{name: array (chain, draw)}``
     (NumPy): ``log_weight`` and ``partition`` for :class:`~ppl_sgmcmc.pyro.CSGLD` and
     :class:`~ppl_sgmcmc.pyro.CSGHMC`; ``{}`` for the other kernels. Pyro's ``MCMC`` returns them
-    through each chain's :meth:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel.diagnostics`."""
+    through each chain's :meth:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel.diagnostics`.
+
+    :param mcmc: a finished :class:`pyro.infer.MCMC` run of an SG-MCMC kernel (from a model or a
+        ``potential_fn``).
+
+    **Example**::
+
+        >>> import torch, pyro
+        >>> from pyro.infer import MCMC
+        >>> from ppl_sgmcmc.pyro import CSGLD
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = CSGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1, num_partitions=10,
+        ...                energy_min=0.0, energy_gap=0.5)
+        >>> mcmc = MCMC(kernel, warmup_steps=10, num_samples=20, initial_params={"x": torch.zeros(2)},
+        ...             disable_progbar=True)
+        >>> mcmc.run()
+        >>> {name: values.shape for name, values in sample_stats(mcmc).items()}
+        {'log_weight': (1, 20), 'partition': (1, 20)}
+    """
     _check(mcmc, needs_model=False)
     chains = mcmc._diagnostics
     out = {}
@@ -61,6 +79,20 @@ def full_data_log_likelihood(mcmc, chunk_size=256):
         ``chunk_size × N`` values (times the model's intermediates) beyond the result.
     :return: ``{site: array of shape (num_chains, num_draws, *site_shape)}`` (NumPy), shaped as
         ``arviz.from_pyro`` shapes it.
+
+    **Example** (100 data points, minibatches of 10: the log-likelihood covers all 100)::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> from ppl_sgmcmc.pyro import SGLD
+        >>> def model(y):
+        ...     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        ...     with pyro.plate("data", y.shape[0], subsample_size=10):
+        ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+        >>> mcmc = MCMC(SGLD(model, step_size=1e-3), warmup_steps=10, num_samples=20, disable_progbar=True)
+        >>> mcmc.run(torch.zeros(100))
+        >>> full_data_log_likelihood(mcmc, chunk_size=8)["y"].shape
+        (1, 20, 100)
     """
     _check(mcmc)
     names = _observed_sites(mcmc)

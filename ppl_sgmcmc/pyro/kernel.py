@@ -14,7 +14,7 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ppl_sgmcmc import _checks
+from ppl_sgmcmc import _hyperparameters
 from ppl_sgmcmc.pyro.gibbs import GibbsTarget
 from ppl_sgmcmc.pyro.handlers import FullDataModel, as_tensors
 from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
@@ -35,6 +35,18 @@ class SGMCMCState(NamedTuple):
       rejected and the chain kept its last finite state.
     - **num_diverging**: the number of rejected steps so far (warm-up included).
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.pyro.minibatch`).
+
+    **Example** (the state after the first step)::
+
+        >>> import torch
+        >>> from ppl_sgmcmc.pyro import SGLD
+        >>> kernel = SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1)
+        >>> kernel.initial_params = {"x": torch.ones(2)}
+        >>> kernel.setup(warmup_steps=0)
+        >>> _ = kernel.sample(kernel.initial_params)
+        >>> state = kernel.state
+        >>> state.i, float(state.potential_energy), state.step_size, state.diverging  # U at the start (1, 1)
+        (1, 1.0, 0.1, False)
     """
 
     i: int
@@ -87,6 +99,22 @@ class SGMCMCKernel(MCMCKernel):
 
     Deterministic sites are evaluated on the full data at every collected (post-warm-up) step and
     returned with the samples.
+
+    **Example** (a kernel on an energy instead of a model: ``potential_fn`` and ``initial_params``; five
+    steps per kept draw)::
+
+        >>> import torch, pyro
+        >>> from pyro.infer import MCMC
+        >>> from ppl_sgmcmc.pyro import SGLD
+        >>> def potential(z):  # U(x) = |x|²/2, a standard normal
+        ...     return 0.5 * (z["x"] ** 2).sum()
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = SGLD(potential_fn=potential, step_size=0.05, steps_per_sample=5)
+        >>> mcmc = MCMC(kernel, warmup_steps=50, num_samples=200, initial_params={"x": torch.ones(2)},
+        ...             disable_progbar=True)
+        >>> mcmc.run()
+        >>> mcmc.get_samples()["x"].shape
+        torch.Size([200, 2])
     """
 
     rule = None  # a module of ppl_sgmcmc.rules, set by subclasses
@@ -118,24 +146,17 @@ class SGMCMCKernel(MCMCKernel):
         gibbs_sweeps=(5, 5),
         gibbs_init=None,
     ):
-        name = type(self).__name__
-        if (model is None) == (potential_fn is None):
-            raise ValueError(f"{name}: give exactly one of `model` and `potential_fn`.")
-        for arg, fn in (("model", model), ("potential_fn", potential_fn)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{name}: `{arg}` must be callable, got {type(fn).__name__}.")
+        gibbs = (gibbs_sites, gibbs_fn, gibbs_sweeps, gibbs_init)
+        self._step_size, self._temperature, self._steps_per_sample, self._gibbs = _hyperparameters.sampler(
+            model, potential_fn, step_size, temperature, steps_per_sample, gibbs, type(self).__name__
+        )
+        self._options = {}  # the algorithm's own rule keyword arguments (`_hyperparameters`), set by subclasses
         self._model = model
         self._full_data_model = None if model is None else FullDataModel(model)
         self._potential_fn = potential_fn
-        self._step_size = _checks.step_size(step_size, name)
-        self._temperature = _checks.positive("temperature", temperature, name)
         self._replace = bool(replace)
-        self._steps_per_sample = _checks.positive_int("steps_per_sample", steps_per_sample, name)
         self._init_strategy = init_strategy
         self._compile = bool(compile_potential)
-        self._gibbs = _checks.gibbs_options(
-            gibbs_sites, gibbs_fn, gibbs_sweeps, name, has_model=model is not None, gibbs_init=gibbs_init
-        )
         self.transforms = None  # {site: constrained -> unconstrained}, set by `setup`; read by MCMC
         self._initial_params = None
         self._warned_no_plate = False
@@ -145,8 +166,15 @@ class SGMCMCKernel(MCMCKernel):
 
     # --- what subclasses provide -------------------------------------------------------------
     def hyperparameters(self):
-        """The rule's keyword arguments besides ``step_size`` (``temperature`` included)."""
-        return {"temperature": self._temperature}
+        """The rule's keyword arguments besides ``step_size`` (``temperature`` included).
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1, temperature=2.0).hyperparameters()
+            {'temperature': 2.0}
+        """
+        return {"temperature": self._temperature, **self._options}
 
     def _logging_items(self, state):
         return OrderedDict(
@@ -161,33 +189,105 @@ class SGMCMCKernel(MCMCKernel):
     @property
     def model(self):
         """The model on its full data (see :func:`~ppl_sgmcmc.pyro.handlers.full_data`): what ArviZ,
-        ``Predictive`` and deterministic sites should see. The subsampled model is :attr:`subsampled_model`."""
+        ``Predictive`` and deterministic sites should see. The subsampled model is :attr:`subsampled_model`.
+        ``None`` for a kernel built from ``potential_fn``.
+
+        **Example** (the plate of 5 data points runs on all 5, not on a minibatch of 2)::
+
+            >>> import torch, pyro, pyro.distributions as dist
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> def model(y):
+            ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+            ...     with pyro.plate("data", y.shape[0], subsample_size=2):
+            ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+            >>> kernel = SGLD(model, step_size=1e-3)
+            >>> pyro.poutine.trace(kernel.model).get_trace(torch.zeros(5)).nodes["y"]["value"].shape
+            torch.Size([5])
+        """
         return self._full_data_model
 
     @property
     def subsampled_model(self):
-        """The model as declared, with its subsampled plates."""
+        """The model as declared, with its subsampled plates.
+
+        **Example** (a minibatch of 2 of the 5 data points)::
+
+            >>> import torch, pyro, pyro.distributions as dist
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> def model(y):
+            ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+            ...     with pyro.plate("data", y.shape[0], subsample_size=2):
+            ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+            >>> kernel = SGLD(model, step_size=1e-3)
+            >>> kernel.subsampled_model is model
+            True
+            >>> pyro.poutine.trace(kernel.subsampled_model).get_trace(torch.zeros(5)).nodes["y"]["value"].shape
+            torch.Size([2])
+        """
         return self._model
 
     @property
     def potential_fn(self):
+        """The energy ``potential_fn`` the kernel was built from, or ``None`` for a kernel built from a model.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> def energy(z):
+            ...     return 0.5 * (z["x"] ** 2).sum()
+            >>> SGLD(potential_fn=energy, step_size=0.1).potential_fn is energy
+            True
+        """
         return self._potential_fn
 
     def step_size_at(self, i):
-        """The step size ``h_i`` of step ``i``, a float."""
+        """The step size ``h_i`` of step ``i`` (0-based, warm-up included), a float.
+
+        **Example** (a schedule is any callable ``t -> h_t``)::
+
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.0, step_size=lambda t: 1.0 / (1 + t))
+            >>> kernel.step_size_at(0), kernel.step_size_at(9)
+            (1.0, 0.1)
+        """
         return float(self._step_size(i)) if callable(self._step_size) else self._step_size
 
     @property
     def state(self):
         """The chain's :class:`SGMCMCState` after the last step (``None`` before the first); read it
-        from a ``hook_fn`` to follow e.g. the thermostat."""
+        from a ``hook_fn`` to follow e.g. the thermostat.
+
+        **Example**::
+
+            >>> import torch
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1)
+            >>> kernel.initial_params = {"x": torch.ones(2)}
+            >>> kernel.setup(warmup_steps=0)
+            >>> kernel.state is None
+            True
+            >>> _ = kernel.sample(kernel.initial_params)
+            >>> kernel.state.i, kernel.state.z["x"].shape
+            (1, torch.Size([2]))
+        """
         return self._state
 
     # --- pyro.infer.mcmc.mcmc_kernel.MCMCKernel ----------------------------------------------
     @property
     def initial_params(self):
         """Unconstrained initial values (and the deterministic sites there, which Pyro's ``MCMC`` uses
-        to know what each sample holds)."""
+        to know what each sample holds). Set them before :meth:`setup` to choose the chain's start
+        (required for a ``potential_fn`` kernel), or let :meth:`setup` draw them from ``init_strategy``.
+
+        **Example**::
+
+            >>> import torch
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1)
+            >>> kernel.initial_params = {"x": torch.ones(2)}
+            >>> kernel.initial_params
+            {'x': tensor([1., 1.])}
+        """
         if self._initial_params is None or self._target is None:
             return self._initial_params
         return {**self._initial_params, **self._initial_deterministic}
@@ -199,7 +299,25 @@ class SGMCMCKernel(MCMCKernel):
     def setup(self, warmup_steps, *args, **kwargs):
         """Start a chain on the model's arguments: read the model's structure from a prototype trace,
         find initial values (unless ``initial_params`` were set), check the full-data view, and seed the
-        chain's generator from Pyro's global RNG. ``warmup_steps`` draws are burn-in."""
+        chain's generator from Pyro's global RNG. ``warmup_steps`` draws are burn-in.
+
+        :param warmup_steps: the number of warm-up draws (burn-in; nothing adapts).
+        :param args: the model's positional arguments (the data); NumPy arrays become tensors.
+        :param kwargs: the model's keyword arguments.
+
+        **Example** (Pyro's ``MCMC`` calls it; a positive ``scale`` gets the transform ``log``)::
+
+            >>> import torch, pyro, pyro.distributions as dist
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> def model(y):
+            ...     scale = pyro.sample("scale", dist.HalfNormal(1.0))
+            ...     with pyro.plate("data", y.shape[0], subsample_size=2):
+            ...         pyro.sample("y", dist.Normal(0.0, scale), obs=pyro.subsample(y, event_dim=0))
+            >>> kernel = SGLD(model, step_size=1e-3)
+            >>> kernel.setup(100, torch.ones(10))
+            >>> sorted(kernel.initial_params), float(kernel.transforms["scale"].inv(torch.tensor(0.0)))
+            (['scale'], 1.0)
+        """
         name = type(self).__name__
         self._warmup_steps = warmup_steps
         args, kwargs = as_tensors(args), as_tensors(kwargs)
@@ -249,7 +367,21 @@ class SGMCMCKernel(MCMCKernel):
     def sample(self, params):
         """``steps_per_sample`` steps of the chain; returns the new unconstrained latent values (and,
         after warm-up, the deterministic sites). ``params`` is used only by the first call after
-        :meth:`setup` (it is the chain's start); later calls continue from the kernel's own state."""
+        :meth:`setup` (it is the chain's start); later calls continue from the kernel's own state.
+
+        **Example**::
+
+            >>> import torch
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1)
+            >>> kernel.initial_params = {"x": torch.ones(2)}
+            >>> kernel.setup(warmup_steps=0)
+            >>> z = kernel.sample(kernel.initial_params)
+            >>> for _ in range(2):
+            ...     z = kernel.sample(z)
+            >>> kernel.state.i, z["x"].shape, kernel.diagnostics()["num_diverging"]
+            (3, torch.Size([2]), 0)
+        """
         if self._target is None:
             raise RuntimeError(f"{type(self).__name__}: call `setup` before `sample`.")
         if self._state is None:
@@ -319,7 +451,20 @@ class SGMCMCKernel(MCMCKernel):
 
     def logging(self):
         """The progress bar's postfix: ``Ũ_t``, the step size and the number of rejected steps,
-        refreshed every ``diagnostics_every`` steps (Pyro asks for it after every step)."""
+        refreshed every ``diagnostics_every`` steps (Pyro asks for it after every step); ``None``
+        before the first step.
+
+        **Example**::
+
+            >>> import torch
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1)
+            >>> kernel.initial_params = {"x": torch.ones(2)}
+            >>> kernel.setup(warmup_steps=0)
+            >>> _ = kernel.sample(kernel.initial_params)
+            >>> dict(kernel.logging())  # U at the start (1, 1), h, rejected steps
+            {'Ũ_t': '1', 'h': '1.00e-01', 'div': 0}
+        """
         state = self._state
         if state is None:
             return None
@@ -330,11 +475,35 @@ class SGMCMCKernel(MCMCKernel):
     def diagnostics(self):
         """``divergences``: the draws (post-warm-up indices) with a step rejected as non-finite,
         as ``arviz.from_pyro`` and ``MCMC.summary`` expect; ``num_diverging``: all rejected steps,
-        warm-up included."""
+        warm-up included.
+
+        **Example** (a step to an infinite energy is rejected: the chain stays where it was)::
+
+            >>> import torch
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: (z["x"] ** 2).sum() / 0.0, step_size=0.1)
+            >>> kernel.initial_params = {"x": torch.ones(2)}
+            >>> kernel.setup(warmup_steps=0)
+            >>> kernel.sample(kernel.initial_params)["x"], kernel.diagnostics()
+            (tensor([1., 1.]), {'divergences': [0], 'num_diverging': 1})
+        """
         return {"divergences": list(self._divergences), "num_diverging": self._num_diverging}
 
     def cleanup(self):
-        """End of a chain: the next :meth:`setup` starts a new chain from new initial values."""
+        """End of a chain: the next :meth:`setup` starts a new chain from new initial values.
+
+        **Example**::
+
+            >>> import torch
+            >>> from ppl_sgmcmc.pyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1)
+            >>> kernel.initial_params = {"x": torch.ones(2)}
+            >>> kernel.setup(warmup_steps=0)
+            >>> _ = kernel.sample(kernel.initial_params)
+            >>> kernel.cleanup()
+            >>> kernel.state is None, kernel.initial_params is None
+            (True, True)
+        """
         self._initial_params = None
         self._release()
 

@@ -5,15 +5,14 @@ The names, arguments, defaults and update rules are those of :mod:`ppl_sgmcmc.nu
 both backends call the same functions of :mod:`ppl_sgmcmc.rules`, here on torch tensors."""
 
 import math
-import warnings
 
 import torch
 
-from ppl_sgmcmc import _checks
+from ppl_sgmcmc import _checks, _hyperparameters
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel, SGMCMCState
 from ppl_sgmcmc.rules import csgld, psgld, sgfs, sghmc, sgld, sgnht, sgrld
 
-INTEGRATORS = ("splitting", "euler")
+INTEGRATORS = _hyperparameters.INTEGRATORS
 
 
 class SGLD(SGMCMCKernel):
@@ -70,12 +69,7 @@ class SGHMC(SGMCMCKernel):
 
     def __init__(self, model=None, potential_fn=None, *, step_size, friction=1.0, integrator="splitting", **kwargs):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        self._friction = _checks.positive("friction", friction, type(self).__name__)
-        self._integrator = _checks.choice("integrator", integrator, INTEGRATORS, type(self).__name__)
-
-    def hyperparameters(self):
-        """The rule's keyword arguments besides ``step_size``."""
-        return dict(super().hyperparameters(), friction=self._friction, integrator=self._integrator)
+        self._options = _hyperparameters.sghmc(friction, integrator, type(self).__name__)
 
 
 class SGNHT(SGMCMCKernel):
@@ -124,19 +118,7 @@ class SGNHT(SGMCMCKernel):
         **kwargs,
     ):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        name = type(self).__name__
-        self._diffusion = _checks.positive("diffusion", diffusion, name)
-        self._multivariate = _checks.choice("thermostat", thermostat, ("multivariate", "scalar"), name) == "multivariate"
-        self._integrator = _checks.choice("integrator", integrator, INTEGRATORS, name)
-
-    def hyperparameters(self):
-        """The rule's keyword arguments besides ``step_size``."""
-        return dict(
-            super().hyperparameters(),
-            diffusion=self._diffusion,
-            multivariate=self._multivariate,
-            integrator=self._integrator,
-        )
+        self._options = _hyperparameters.sgnht(diffusion, thermostat, integrator, type(self).__name__)
 
     def _logging_items(self, state):
         items = super()._logging_items(state)
@@ -172,13 +154,7 @@ class PSGLD(SGMCMCKernel):
 
     def __init__(self, model=None, potential_fn=None, *, step_size, alpha=0.99, eps=1e-5, **kwargs):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        name = type(self).__name__
-        self._alpha = _checks.in_unit_interval("alpha", alpha, name)
-        self._eps = _checks.positive("eps", eps, name)
-
-    def hyperparameters(self):
-        """The rule's keyword arguments besides ``step_size``."""
-        return dict(super().hyperparameters(), alpha=self._alpha, eps=self._eps)
+        self._options = _hyperparameters.psgld(alpha, eps, type(self).__name__)
 
 
 # --- contour SG-MCMC (CSGLD / CSGHMC) ---------------------------------------------------------------
@@ -284,94 +260,39 @@ class CSGLD(SGMCMCKernel):
         **kwargs,
     ):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        name = type(self).__name__
-        self._adapt_theta = _checks.choice("adapt_theta", adapt_theta, ("always", "warmup", "never"), name)
-        self._num_partitions = _checks.int_at_least("num_partitions", num_partitions, 2, name)
-        self._energy_gap = None if energy_gap == "auto" else _checks.positive("energy_gap", energy_gap, name)
-        self._energy_min = None if energy_min == "auto" else _checks.finite("energy_min", energy_min, name)
-        self._zeta = _checks.non_negative("zeta", zeta, name)
-        if not callable(sa_step_size):
-            sa_step_size = _checks.in_unit_interval("sa_step_size", sa_step_size, name)
-        self._sa_step_size = sa_step_size
-        self._weight = _checks.choice("weight", weight, csgld.WEIGHTS, name)
-        if calibration_steps is not None:
-            calibration_steps = _checks.int_at_least("calibration_steps", calibration_steps, 2, name)
-        self._requested_calibration = calibration_steps
-        self._calibration_steps = 0
-        self._adaptation_steps = None
-        self._initial_theta = None
-        if initial_theta is not None:
-            self._initial_theta = _checks.initial_theta(initial_theta, self._num_partitions, self.auto_grid, name)
-        elif self._adapt_theta == "never":
-            raise ValueError(
-                f"{name}: adapt_theta=\"never\" keeps θ at `initial_theta`; give `initial_theta` (with the "
-                "uniform θ the chain would be plain SGLD)."
-            )
+        self._contour = _hyperparameters.csgld(
+            num_partitions, energy_gap, energy_min, zeta, sa_step_size, weight, calibration_steps, adapt_theta,
+            initial_theta, type(self).__name__,
+        )
+        self._calibration_steps, self._adaptation_steps = 0, None  # set from the warm-up by `setup`
         self._records = {field: [] for field in self.sample_stats_fields}
 
     @property
     def auto_grid(self):
         """Whether the energy grid is chosen from the warm-up."""
-        return self._energy_min is None or self._energy_gap is None
+        return self._contour.auto_grid
 
     def hyperparameters(self):
         """The rule's keyword arguments besides ``step_size``."""
-        return dict(
-            super().hyperparameters(),
-            num_partitions=self._num_partitions,
-            energy_min=self._energy_min,
-            energy_gap=self._energy_gap,
-            zeta=self._zeta,
-            sa_step_size=self._sa_step_size,
-            calibration_steps=self._calibration_steps,
-            adaptation_steps=self._adaptation_steps,
-            weight=self._weight,
-            integrator=self.integrator,
-        )
+        contour = self._contour.rule_kwargs(self._calibration_steps, self._adaptation_steps)
+        return dict(super().hyperparameters(), **contour, integrator=self.integrator)
 
     def setup(self, warmup_steps, *args, **kwargs):
         """As :meth:`SGMCMCKernel.setup <ppl_sgmcmc.pyro.kernel.SGMCMCKernel.setup>`, after fixing the
         calibration and adaptation windows from ``warmup_steps``."""
-        name = type(self).__name__
-        steps = warmup_steps * self._steps_per_sample
-        if not self.auto_grid:
-            self._calibration_steps = 0
-        elif self._requested_calibration is not None:
-            if self._requested_calibration > steps:
-                raise ValueError(
-                    f"{name}: `calibration_steps` ({self._requested_calibration}) exceeds the warm-up "
-                    f"({steps} steps): draws taken before the grid is set carry no valid weight. "
-                    "Lengthen `warmup_steps` or shorten `calibration_steps`."
-                )
-            self._calibration_steps = self._requested_calibration
-        else:
-            self._calibration_steps = steps // 2
-            if self._calibration_steps < 2:
-                raise ValueError(
-                    f"{name}: `energy_min`/`energy_gap` \"auto\" choose the energy grid during the warm-up, "
-                    f"but warmup_steps={warmup_steps} gives too few steps. Set `warmup_steps` (hundreds of steps "
-                    "or more), or give `energy_min` and `energy_gap` explicitly."
-                )
-        if self._adapt_theta == "warmup":
-            if steps <= self._calibration_steps:
-                raise ValueError(
-                    f"{name}: with adapt_theta=\"warmup\" the partition weights are learned during the warm-up after "
-                    f"the grid is set, but the warm-up ({steps} steps) leaves no step for it. Lengthen `warmup_steps`."
-                )
-            self._adaptation_steps = steps
-        elif self._adapt_theta == "never":
-            self._adaptation_steps = 0
-        else:
-            self._adaptation_steps = None
+        self._calibration_steps, self._adaptation_steps = self._contour.windows(
+            warmup_steps, self._steps_per_sample, "warmup_steps", type(self).__name__
+        )
         super().setup(warmup_steps, *args, **kwargs)
         self._records = {field: [] for field in self.sample_stats_fields}
 
     def _start(self, params):
         super()._start(params)
         self._state = ContourState(*self._state)
-        if self._initial_theta is not None:
+        initial_theta = self._contour.initial_theta
+        if initial_theta is not None:
             theta = self._state.rule_state.theta
-            rule_state = self._state.rule_state._replace(theta=torch.as_tensor(self._initial_theta, dtype=theta.dtype))
+            rule_state = self._state.rule_state._replace(theta=torch.as_tensor(initial_theta, dtype=theta.dtype))
             self._state = self._state._replace(rule_state=rule_state)
 
     def _step(self):
@@ -437,12 +358,8 @@ class CSGHMC(CSGLD):
 
     def __init__(self, model=None, potential_fn=None, *, step_size, friction=1.0, integrator="splitting", **kwargs):
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        self._friction = _checks.positive("friction", friction, type(self).__name__)
-        self.integrator = _checks.choice("integrator", integrator, INTEGRATORS, type(self).__name__)
-
-    def hyperparameters(self):
-        """The rule's keyword arguments besides ``step_size``."""
-        return dict(super().hyperparameters(), friction=self._friction)
+        self._options = _hyperparameters.sghmc(friction, integrator, type(self).__name__)
+        self.integrator = self._options["integrator"]
 
 
 # --- SGFS -------------------------------------------------------------------------------------------------
@@ -513,54 +430,17 @@ class SGFS(SGMCMCKernel):
         **kwargs,
     ):
         name = type(self).__name__
-        if potential_fn is not None:
-            raise ValueError(
-                f"{name}: SGFS needs the per-datum scores of a model's subsampled plate; give `model`, not "
-                "`potential_fn`."
-            )
-        if (step_size is None) == (alpha is None):
-            raise ValueError(f"{name}: give exactly one of `step_size` (ε) and `alpha` (α = 2/sqrt(ε)).")
-        if alpha is not None:
-            step_size = sgfs.alpha_to_step_size(_checks.non_negative("alpha", alpha, name))
-        if kwargs.get("temperature", 1.0) != 1.0:
-            raise ValueError(f"{name}: `temperature` must be 1; SGFS (Algorithm 1) has no temperature.")
-        if kwargs.get("gibbs_sites"):
-            raise NotImplementedError(
-                f"{name}: SGFS with local Gibbs sites is not supported (per-datum scores would have to average "
-                "over the sweeps); marginalise the local sites or use another kernel."
-            )
-        infinite = not callable(step_size) and isinstance(step_size, (int, float)) and step_size == math.inf
-        super().__init__(model, potential_fn, step_size=1.0 if infinite else step_size, **kwargs)
+        step_size, infinite = _hyperparameters.sgfs_step_size(potential_fn, step_size, alpha, kwargs, name)
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
         if infinite:
             self._step_size = math.inf
-        self._fisher = _checks.choice("fisher", fisher, sgfs.FISHER_FORMS, name)
-        if isinstance(B, str):
-            self._B = _checks.choice("B", B, ("fisher", "identity"), name)
-        else:
-            self._B = _checks.positive_definite("B", B, name)
-            if self._fisher == "diagonal" and self._B.ndim == 2:
-                raise ValueError(
-                    f"{name}: fisher='diagonal' needs a diagonal `B` (a scalar or a vector), got a matrix; use "
-                    "fisher='full' or pass its diagonal."
-                )
-        self._ridge = _checks.non_negative("ridge", ridge, name)
-        if fisher_window is not None:
-            fisher_window = _checks.positive_int("fisher_window", fisher_window, name)
-        self._fisher_window = fisher_window
-        self._max_full_dim = _checks.positive_int("max_full_dim", max_full_dim, name)
+        self._options = _hyperparameters.sgfs(fisher, B, ridge, fisher_window, max_full_dim, name)
         self._num_warmup = 0
 
     def hyperparameters(self):
         """The rule's keyword arguments besides ``step_size`` (no temperature)."""
-        return dict(
-            data_size=self._target.data_size,
-            fisher=self._fisher,
-            B=self._B,
-            ridge=self._ridge,
-            num_warmup=self._num_warmup * self._steps_per_sample,  # in steps
-            fisher_window=self._fisher_window,
-            max_full_dim=self._max_full_dim,
-        )
+        num_warmup = self._num_warmup * self._steps_per_sample  # in steps
+        return dict(self._options, data_size=self._target.data_size, num_warmup=num_warmup)
 
     def _make_target(self, args, kwargs):
         target = super()._make_target(args, kwargs)
@@ -572,20 +452,13 @@ class SGFS(SGMCMCKernel):
         name = type(self).__name__
         self._num_warmup = int(warmup_steps)
         super().setup(warmup_steps, *args, **kwargs)
-        ((_, (_, n)),) = self._target.plate_sizes.items()
         d = self._target.layout.size
+        options = self._options
         try:
-            sgfs._check(d, self._fisher, self._B, self._max_full_dim)
+            sgfs._check(d, options["fisher"], options["B"], options["max_full_dim"])
         except sgfs.SGFSConfigError as err:
             raise ValueError(f"{name}: {err}") from None
-        if self._fisher == "full" and n <= d and self._ridge < 1e-2:
-            warnings.warn(
-                f"{name}: the minibatch (n = {n}) is not larger than the number of parameters "
-                f"(d = {d}), so the Fisher estimate is singular for the first ~d/n steps and, with ridge = "
-                f"{self._ridge:g}, steps along its null space are huge (rejected as divergent). Use ridge=1e-2 or "
-                "more, a larger subsample_size, or fisher='diagonal'.",
-                stacklevel=2,
-            )
+        _hyperparameters.sgfs_warn_singular(self._target.plate_sizes, d, options, name)
 
 
 # --- SGRLD ------------------------------------------------------------------------------------------------
@@ -636,11 +509,5 @@ class SGRLD(SGMCMCKernel):
 
     def _make_target(self, args, kwargs):
         target = super()._make_target(args, kwargs)
-        for name, support in target.latent_supports.items():
-            if not _is_positive(support):
-                raise ValueError(
-                    f"{type(self).__name__}: latent site {name!r} has support {support}; SGRLD moves positive latents "
-                    "only (preconditioner diag(θ), mirrored at 0). Declare it with a positive-support prior (e.g. "
-                    "`dist.Gamma(beta, 1.0)`, the expanded-mean parametrisation), or use SGLD, SGHMC or SGNHT."
-                )
+        _checks.positive_latents(target.latent_supports, _is_positive, type(self).__name__)
         return target

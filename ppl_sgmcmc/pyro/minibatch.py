@@ -18,14 +18,35 @@ import torch
 
 
 class BatchState(NamedTuple):
-    """Per plate: the current epoch's permutation and the position in it (empty when ``replace``)."""
+    """Per plate: the current epoch's permutation and the position in it (empty when ``replace``).
+
+    **Example**::
+
+        >>> import torch
+        >>> from ppl_sgmcmc.pyro import minibatch
+        >>> minibatch.init(torch.Generator().manual_seed(0), {"data": (10, 3)}, replace=True)
+        BatchState(permutation={}, position={})
+    """
 
     permutation: dict
     position: dict
 
 
 def init(generator, plate_sizes, replace, device=None):
-    """The batch state at the start of the chain. ``plate_sizes``: ``{name: (N, n)}``."""
+    """The batch state at the start of the chain. ``plate_sizes``: ``{name: (N, n)}``.
+
+    :param generator: the chain's ``torch.Generator`` (for the first epoch's permutations).
+    :param replace: draw with replacement (no state) or reshuffle each epoch.
+    :param device: the device of the index tensors.
+
+    **Example**::
+
+        >>> import torch
+        >>> from ppl_sgmcmc.pyro import minibatch
+        >>> state = minibatch.init(torch.Generator().manual_seed(0), {"data": (10, 3)}, replace=False)
+        >>> sorted(state.permutation["data"].tolist()), state.position["data"]
+        ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 0)
+    """
     if replace:
         return BatchState({}, {})
     return BatchState(
@@ -35,7 +56,32 @@ def init(generator, plate_sizes, replace, device=None):
 
 
 def draw(generator, state, plate_sizes, replace, device=None):
-    """The indices of each subsampled plate for one step, and the advanced batch state."""
+    """The indices of each subsampled plate for one step, and the advanced batch state.
+
+    :param generator: the chain's ``torch.Generator``.
+    :param state: the :class:`BatchState`.
+    :param plate_sizes: ``{plate name: (N, n)}``.
+    :param replace: with replacement, or the next ``n`` indices of the epoch's permutation.
+    :param device: the device of the index tensors.
+    :return: ``({plate name: n indices}, new state)``.
+
+    **Example** (without replacement: three minibatches of 3 cover 9 distinct points of 10; the fourth
+    starts a new epoch)::
+
+        >>> import torch
+        >>> from ppl_sgmcmc.pyro import minibatch
+        >>> generator, sizes = torch.Generator().manual_seed(0), {"data": (10, 3)}
+        >>> state = minibatch.init(generator, sizes, replace=False)
+        >>> seen = []
+        >>> for _ in range(3):
+        ...     indices, state = minibatch.draw(generator, state, sizes, replace=False)
+        ...     seen += indices["data"].tolist()
+        >>> len(set(seen)), state.position["data"]
+        (9, 9)
+        >>> indices, state = minibatch.draw(generator, state, sizes, replace=False)
+        >>> state.position["data"]
+        3
+    """
     if replace:
         indices = {
             name: torch.randint(size, (n,), generator=generator, device=device)

@@ -14,6 +14,18 @@ The rules hold no PPL code, no random-number generation and no data-dependent Py
 flow: they use arithmetic and the array-API namespace of their inputs only, so the same lines
 run on ``jax.numpy`` and ``torch`` arrays. The equations are those of ``ALGORITHMS.md``; each
 module's docstring restates its rule and cites its paper.
+
+**Example** (the same rule on ``jax.numpy`` and on ``torch`` arrays; no noise: a gradient step)::
+
+    >>> import jax.numpy as jnp, torch
+    >>> from ppl_sgmcmc.rules import StochasticGradient, array_namespace, sgld
+    >>> def grad_fn(x):  # U(x) = |x|²/2
+    ...     return StochasticGradient(energy=(x * x).sum() / 2, grad=x, score=-x)
+    >>> for x in (jnp.array([1.0, -2.0]), torch.tensor([1.0, -2.0])):
+    ...     x, state, gradient = sgld.step(x, sgld.init(x, 0 * x), grad_fn, 0 * x, step_size=0.5)
+    ...     print(array_namespace(x).__name__, x.tolist(), float(gradient.energy))
+    jax.numpy [0.5, -1.0] 2.5
+    array_api_compat.torch [0.5, -1.0] 2.5
 """
 
 from typing import NamedTuple
@@ -36,6 +48,15 @@ class StochasticGradient(NamedTuple):
     ``per_example``: the ``n×d`` matrix of per-datum log-likelihood gradients ``∇ log p(x_i|x)``,
     ``i ∈ S_t`` (rows average to ``score``), or ``None``. Backends compute it only for rule modules
     that declare ``PER_EXAMPLE_SCORES = True`` (SGFS); it costs a per-datum gradient pass.
+
+    **Example** (at ``x`` for ``U(x) = |x|²/2``, a target without data)::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import StochasticGradient
+        >>> x = jnp.array([1.0, -2.0])
+        >>> g = StochasticGradient(energy=(x * x).sum() / 2, grad=x, score=-x)
+        >>> float(g.energy), g.grad.tolist(), g.per_example is None
+        (2.5, [1.0, -2.0], True)
     """
 
     energy: object

@@ -73,7 +73,14 @@ WEIGHTS = ("interpolated", "bin")
 
 
 def default_sa_step_size(k):
-    """The paper's stochastic-approximation step size ``ω_k = 1 / (k^0.6 + 100)``."""
+    """The paper's stochastic-approximation step size ``ω_k = 1 / (k^0.6 + 100)`` (``k``: the 1-based update count).
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.rules.csgld import default_sa_step_size
+        >>> [round(default_sa_step_size(k), 5) for k in (1, 100, 10_000)]
+        [0.0099, 0.00863, 0.00285]
+    """
     return 1.0 / (k**0.6 + 100.0)
 
 
@@ -91,6 +98,14 @@ class CSGLDState(NamedTuple):
       updates.
     - **log_weight**: ``log w`` of the last sample; **partition**: its 0-based bin ``j``; **multiplier**:
       the gradient multiplier used at it.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import csgld
+        >>> state = csgld.init(jnp.zeros(2), jnp.zeros(2), num_partitions=3, energy_min=0.0, energy_gap=1.0)
+        >>> state.theta.shape, state.momentum is None, int(state.count), float(state.multiplier)
+        ((3,), True, 0, 1.0)
     """
 
     position: object
@@ -122,7 +137,29 @@ def init(
     temperature=1.0,
 ):
     """Uniform ``θ``; the grid as given (placeholders while it is calibrated); CSGHMC's momentum
-    ``p ~ N(0, τ I)`` from the standard normal ``noise``."""
+    ``p ~ N(0, τ I)`` from the standard normal ``noise``.
+
+    :param position: the chain's start ``x_0``, a flat array; the state takes its dtype.
+    :param noise: ``ζ``, a standard normal draw of the shape of ``position`` (CSGHMC's momentum ``sqrt(τ) ζ``).
+    :param num_partitions: ``m``, the number of energy bins.
+    :param energy_min: ``u_min``, or ``None`` to calibrate it (then ``calibration_steps >= 2``).
+    :param energy_gap: ``Δu``, or ``None`` to calibrate it (then ``calibration_steps >= 2``).
+    :param integrator: ``"langevin"`` (CSGLD, no momentum, default), ``"euler"`` or ``"splitting"`` (CSGHMC).
+    :param temperature: ``τ`` (default 1). The other arguments are those of :func:`step` (unused here).
+    :return: :class:`CSGLDState`.
+    :raises ValueError: a grid to calibrate with fewer than 2 ``calibration_steps``.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import csgld
+        >>> x, noise = jnp.array([1.0, -2.0]), jnp.array([0.5, -0.5])
+        >>> state = csgld.init(x, noise, num_partitions=4, energy_min=0.0, energy_gap=1.0)
+        >>> state.theta.tolist(), state.momentum is None
+        ([0.25, 0.25, 0.25, 0.25], True)
+        >>> csgld.init(x, noise, num_partitions=4, energy_min=0.0, energy_gap=1.0, integrator="splitting").momentum.tolist()
+        [0.5, -0.5]
+    """
     del zeta, sa_step_size, adaptation_steps, weight, friction
     xp = array_namespace(position)
     dtype = position.dtype
@@ -202,6 +239,37 @@ def step(
     Returns ``(sample, state, gradient)``: ``sample`` is the point where ``grad_fn`` was called (the
     point that ``state.log_weight`` and ``state.partition`` describe), ``gradient`` the unmodified
     stochastic gradient there. ``position`` is not used (see the module docstring).
+
+    :param state: the :class:`CSGLDState` (the integrator's position is ``state.position``).
+    :param grad_fn: ``x -> StochasticGradient``; called once. Its ``energy`` places ``x`` on the grid.
+    :param noise: ``ξ``, a standard normal draw of the shape of the position.
+    :param step_size: ``h``.
+    :param num_partitions: ``m``; ``energy_min``, ``energy_gap``: the grid, ``None`` to calibrate.
+    :param zeta: the flattening strength ``ζ`` (default 0.75; 0 is SGLD/SGHMC).
+    :param sa_step_size: ``ω_k``, a float or a function of the 1-based update count (default
+        :func:`default_sa_step_size`).
+    :param calibration_steps: steps with uniform ``θ`` that calibrate the grid (default 0).
+    :param adaptation_steps: stop learning ``θ`` after this many steps (default ``None``: never).
+    :param weight: ``"interpolated"`` (default) or ``"bin"`` log weights.
+    :param integrator: ``"langevin"`` (CSGLD, default), ``"euler"`` or ``"splitting"`` (CSGHMC, with ``friction``).
+    :param temperature: ``τ`` (default 1).
+
+    **Example** (one CSGLD step on ``U(x) = |x|²/2``, with ``jax.numpy`` and with ``torch`` arrays)::
+
+        >>> import jax.numpy as jnp, torch
+        >>> from ppl_sgmcmc.rules import StochasticGradient, csgld
+        >>> def grad_fn(x):  # U(x) = |x|²/2: ∇U = x; no data, so the score is -∇U
+        ...     return StochasticGradient(energy=(x * x).sum() / 2, grad=x, score=-x)
+        >>> hyper = dict(num_partitions=4, energy_min=0.0, energy_gap=1.0, sa_step_size=0.1)
+        >>> x, noise = jnp.array([1.0, -2.0]), jnp.array([0.5, -0.5])
+        >>> sample, state, gradient = csgld.step(x, csgld.init(x, noise, **hyper), grad_fn, noise, 0.1, **hyper)
+        >>> sample.tolist(), float(gradient.energy), int(state.partition)  # U = 2.5 lies in bin 2
+        ([1.0, -2.0], 2.5, 2)
+        >>> [round(v, 4) for v in state.theta.tolist()], round(float(state.multiplier), 4)
+        ([0.2412, 0.2412, 0.2765, 0.2412], 1.1026)
+        >>> t, z = torch.tensor([1.0, -2.0]), torch.tensor([0.5, -0.5])
+        >>> csgld.step(t, csgld.init(t, z, **hyper), grad_fn, z, 0.1, **hyper)[1].theta
+        tensor([0.2412, 0.2412, 0.2765, 0.2412])
     """
     del position
     found = {}

@@ -56,7 +56,18 @@ MAX_FULL_DIM = 2000
 
 
 class SGFSConfigError(ValueError):
-    """Hyper-parameters that do not fit the model's dimension (raised when the state is built)."""
+    """Hyper-parameters that do not fit the model's dimension (raised when the state is built).
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import sgfs
+        >>> try:
+        ...     sgfs.init(jnp.zeros(3), None, B=jnp.ones(2))
+        ... except sgfs.SGFSConfigError as error:
+        ...     print(error)
+        B of shape (2,) does not fit the 3 parameters: give a scalar, a vector of 3 diagonal entries or a 3×3 matrix.
+    """
 
 
 class SGFSState(NamedTuple):
@@ -67,6 +78,14 @@ class SGFSState(NamedTuple):
     - **count**: ``1/κ_t`` of the last update: the number of minibatches the average weighs equally
       (equal to ``t`` under the paper's ``κ_t = 1/t``).
     - **t**: the number of steps (Fisher updates) taken.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import sgfs
+        >>> state = sgfs.init(jnp.zeros(3), None, fisher="diagonal")
+        >>> state.fisher.shape, int(state.count), int(state.t)
+        ((3,), 0, 0)
     """
 
     fisher: object
@@ -113,7 +132,23 @@ def init(
     """``Î_0 = 0`` (the first update has ``κ_1 = 1``, so ``Î_1 = V_1``), ``count = t = 0``.
 
     Raises :class:`SGFSConfigError` for a full Fisher of more than ``max_full_dim`` parameters or a ``B``
-    whose shape does not fit, before anything of size ``d²`` is allocated."""
+    whose shape does not fit, before anything of size ``d²`` is allocated.
+
+    :param position: the chain's start ``θ_0``, a flat array of ``d`` entries; the state takes its dtype
+        and device.
+    :param fisher: ``"full"`` (a ``d×d`` average, default) or ``"diagonal"``.
+    :param B: ``"fisher"`` (default), ``"identity"``, a positive scalar, a vector of ``d`` entries or
+        (full form only) a ``d×d`` matrix; checked against ``d`` here.
+    :param max_full_dim: the largest ``d`` for ``fisher="full"`` (default :data:`MAX_FULL_DIM`).
+    :return: :class:`SGFSState`. The other arguments are those of :func:`step` (unused here).
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import sgfs
+        >>> sgfs.init(jnp.zeros(3), None).fisher.shape, sgfs.init(jnp.zeros(3), None, fisher="diagonal").fisher.shape
+        ((3, 3), (3,))
+    """
     del noise, data_size, ridge, num_warmup, fisher_window
     d = position.shape[0]
     _check(d, fisher, B, max_full_dim)
@@ -161,7 +196,41 @@ def step(
 ):
     """One SGFS step (Algorithm 1, lines 4-9): update ``Î`` with this minibatch, then move.
 
-    ``data_size`` is ``N``; ``step_size`` is ``ε`` (``float("inf")`` for the paper's ``α = 0``)."""
+    ``data_size`` is ``N``; ``step_size`` is ``ε`` (``float("inf")`` for the paper's ``α = 0``).
+
+    :param position: ``θ``, a flat array of ``d`` entries (``jax.numpy`` or ``torch``).
+    :param state: the :class:`SGFSState`.
+    :param grad_fn: ``θ -> StochasticGradient`` with the ``n×d`` per-datum scores in ``per_example``
+        (``n >= 2``); called once.
+    :param noise: ``ζ``, a standard normal draw of the shape of ``position``.
+    :param step_size: ``ε``.
+    :param data_size: ``N``, the data set's size.
+    :param fisher: ``"full"`` (default) or ``"diagonal"``.
+    :param B: ``"fisher"`` (default: ``B = γ N Î_t``), ``"identity"``, a scalar, a vector or a matrix.
+    :param ridge: the relative ridge of the preconditioner (default 0).
+    :param num_warmup: ``W``; with ``fisher_window`` ``m``, the average forgets during the first ``W`` steps.
+    :param fisher_window: ``m`` (default ``None``: the paper's ``κ_t = 1/t`` throughout).
+    :return: ``(new position, new state, gradient)``.
+
+    **Example** (``y_i ~ N(θ, I)`` with the prior ``N(0, I)``, ``N = 100``; one step on a minibatch of 4,
+    with ``jax.numpy`` and with ``torch`` arrays: the same numbers)::
+
+        >>> import jax.numpy as jnp, torch
+        >>> from ppl_sgmcmc.rules import StochasticGradient, sgfs
+        >>> def grad_fn(x):  # per-datum scores ∇ log N(y_i | x, I) = y_i - x
+        ...     scores = y - x
+        ...     energy = (x * x).sum() / 2 + 100 * (scores * scores).sum(1).mean() / 2
+        ...     return StochasticGradient(energy, x - 100 * scores.mean(0), scores.mean(0), per_example=scores)
+        >>> y = jnp.array([[0.5, 1.0], [1.5, -1.0], [1.0, 0.5], [1.0, -0.5]])
+        >>> x, noise = jnp.zeros(2), jnp.array([0.5, -0.5])
+        >>> x, state, _ = sgfs.step(x, sgfs.init(x, noise), grad_fn, noise, step_size=1.0, data_size=100)
+        >>> [round(v, 4) for v in x.tolist()], [[round(v, 4) for v in row] for row in state.fisher.tolist()]
+        ([0.4423, 0.1654], [[0.1667, -0.3333], [-0.3333, 0.8333]])
+        >>> y = torch.tensor(y.tolist())
+        >>> t, z = torch.zeros(2), torch.tensor([0.5, -0.5])
+        >>> sgfs.step(t, sgfs.init(t, z), grad_fn, z, step_size=1.0, data_size=100)[0]
+        tensor([0.4423, 0.1654])
+    """
     del max_full_dim
     xp = array_namespace(position)
     dtype, dev = position.dtype, device(position)
@@ -216,5 +285,12 @@ def step(
 
 
 def alpha_to_step_size(alpha):
-    """``ε = 4/α²`` for the paper's ``α = 2/sqrt(ε)`` (``α = 0`` gives ``ε = ∞``)."""
+    """``ε = 4/α²`` for the paper's ``α = 2/sqrt(ε)`` (``α = 0`` gives ``ε = ∞``).
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.rules import sgfs
+        >>> sgfs.alpha_to_step_size(2.0), sgfs.alpha_to_step_size(0)
+        (1.0, inf)
+    """
     return math.inf if alpha == 0 else 4.0 / alpha**2

@@ -25,19 +25,58 @@ from array_api_compat import array_namespace
 
 
 class SGHMCState(NamedTuple):
-    """The momentum ``p`` (identity mass)."""
+    """The momentum ``p`` (identity mass), an array of the shape of ``θ``.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import sghmc
+        >>> sghmc.SGHMCState(momentum=jnp.zeros(2)).momentum.shape
+        (2,)
+    """
 
     momentum: object
 
 
 def init(position, noise, friction=None, integrator="splitting", temperature=1.0):
-    """Draw the initial momentum ``p ~ N(0, τ I)`` from the standard normal ``noise``."""
+    """Draw the initial momentum ``p ~ N(0, τ I)`` from the standard normal ``noise``: ``p = sqrt(τ) ζ``.
+
+    :param position: the chain's start ``θ_0`` (unused).
+    :param noise: ``ζ``, a standard normal draw of the shape of ``position``.
+    :param temperature: ``τ`` (default 1); ``friction`` and ``integrator`` are unused.
+    :return: :class:`SGHMCState`.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import sghmc
+        >>> sghmc.init(jnp.zeros(2), jnp.array([0.5, -1.0]), temperature=4.0).momentum.tolist()
+        [1.0, -2.0]
+    """
     del position, friction, integrator
     return SGHMCState(temperature**0.5 * noise)
 
 
 def euler(position, momentum, grad_fn, noise, step_size, friction, diffusion, temperature):
-    """First-order Euler move of ``(θ, p)``; returns ``(θ, p, gradient)``."""
+    """First-order Euler move of ``(θ, p)``; returns ``(θ, p, gradient)``::
+
+        θ ← θ + h p
+        p ← p - h ∇Ũ_t(θ) - h friction ⊙ p + sqrt(2 D h τ) ζ
+
+    The gradient is taken at the new ``θ``. ``friction``: a scalar or an array of the shape of ``θ``;
+    ``diffusion``: ``D``.
+
+    **Example** (no friction and no noise: a symplectic Euler step on ``U(x) = x²/2``)::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import StochasticGradient, sghmc
+        >>> def grad_fn(x):  # U(x) = |x|²/2: ∇U = x; no data, so the score is -∇U
+        ...     return StochasticGradient(energy=(x * x).sum() / 2, grad=x, score=-x)
+        >>> x, p, _ = sghmc.euler(jnp.array([1.0]), jnp.array([0.0]), grad_fn, jnp.array([0.0]), 0.5,
+        ...                       friction=0.0, diffusion=0.0, temperature=1.0)
+        >>> x.tolist(), p.tolist()  # θ = 1 + 0.5·0, p = 0 - 0.5·θ
+        ([1.0], [-0.5])
+    """
     position = position + step_size * momentum
     gradient = grad_fn(position)
     momentum = (
@@ -50,7 +89,26 @@ def euler(position, momentum, grad_fn, noise, step_size, friction, diffusion, te
 
 
 def splitting(position, momentum, grad_fn, noise, step_size, friction, diffusion, temperature):
-    """Second-order symmetric-splitting move (A-B-O-B-A) of ``(θ, p)``; returns ``(θ, p, gradient)``."""
+    """Second-order symmetric-splitting move (A-B-O-B-A) of ``(θ, p)``; returns ``(θ, p, gradient)``::
+
+        A: θ ← θ + (h/2) p;  B: p ← exp(-friction h/2) ⊙ p;  O: p ← p - h ∇Ũ_t(θ) + sqrt(2 D h τ) ζ
+        B: p ← exp(-friction h/2) ⊙ p;  A: θ ← θ + (h/2) p
+
+    The gradient is taken at the midpoint ``θ + (h/2) p``. ``friction``: a scalar or an array of the
+    shape of ``θ``; ``diffusion``: ``D``. With no friction and no noise it is the leapfrog integrator.
+
+    **Example** (leapfrog on ``U(x) = x²/2``: the energy ``U + p²/2`` is nearly conserved)::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import StochasticGradient, sghmc
+        >>> def grad_fn(x):  # U(x) = |x|²/2: ∇U = x; no data, so the score is -∇U
+        ...     return StochasticGradient(energy=(x * x).sum() / 2, grad=x, score=-x)
+        >>> x, p = jnp.array([1.0]), jnp.array([0.0])
+        >>> for _ in range(100):
+        ...     x, p, _ = sghmc.splitting(x, p, grad_fn, jnp.zeros(1), 0.1, friction=0.0, diffusion=0.0, temperature=1.0)
+        >>> round(float(x[0] ** 2 / 2 + p[0] ** 2 / 2), 2)
+        0.5
+    """
     xp = array_namespace(position)
     half = step_size / 2
     damping = xp.exp(xp.asarray(-friction * half))
@@ -67,7 +125,36 @@ INTEGRATORS = {"euler": euler, "splitting": splitting}
 
 
 def step(position, state, grad_fn, noise, step_size, friction, integrator="splitting", temperature=1.0):
-    """One SGHMC step with friction ``A`` (the diffusion equals the friction)."""
+    """One SGHMC step with friction ``A`` (the diffusion equals the friction), by :func:`splitting`
+    (default) or :func:`euler`.
+
+    :param position: ``θ``, a flat array (``jax.numpy`` or ``torch``).
+    :param state: the :class:`SGHMCState` (the momentum ``p``).
+    :param grad_fn: ``θ -> StochasticGradient``; called once.
+    :param noise: ``ζ``, a standard normal draw of the shape of ``position``.
+    :param step_size: ``h``.
+    :param friction: ``A > 0``, a scalar or an array of the shape of ``θ``.
+    :param integrator: ``"splitting"`` (default) or ``"euler"``.
+    :param temperature: ``τ`` (default 1).
+    :return: ``(new position, new state, gradient)``; the gradient is taken at the integrator's point
+        (the midpoint for splitting, the new position for Euler).
+
+    **Example** (one step on ``U(x) = |x|²/2``, with ``jax.numpy`` and with ``torch`` arrays)::
+
+        >>> import jax.numpy as jnp, torch
+        >>> from ppl_sgmcmc.rules import StochasticGradient, sghmc
+        >>> def grad_fn(x):  # U(x) = |x|²/2: ∇U = x; no data, so the score is -∇U
+        ...     return StochasticGradient(energy=(x * x).sum() / 2, grad=x, score=-x)
+        >>> x, noise = jnp.array([1.0, -2.0]), jnp.array([0.5, -0.5])
+        >>> state = sghmc.init(x, noise)
+        >>> x, state, _ = sghmc.step(x, state, grad_fn, noise, step_size=0.1, friction=1.0)
+        >>> [round(v, 4) for v in x.tolist()], [round(v, 4) for v in state.momentum.tolist()]
+        ([1.0534, -2.0486], [0.5676, -0.4725])
+        >>> t = torch.tensor([1.0, -2.0])
+        >>> z = torch.tensor([0.5, -0.5])
+        >>> sghmc.step(t, sghmc.init(t, z), grad_fn, z, step_size=0.1, friction=1.0)[0]
+        tensor([ 1.0534, -2.0486])
+    """
     position, momentum, gradient = INTEGRATORS[integrator](
         position, state.momentum, grad_fn, noise, step_size, friction, friction, temperature
     )
