@@ -160,7 +160,30 @@ def gibbs_options(gibbs_sites, gibbs_fn, gibbs_sweeps, kernel_name, has_model=Tr
 
 
 class GibbsFnError(RuntimeError):
-    """``gibbs_fn`` (or ``gibbs_init``) broke its contract (wrong keys or shapes of the returned sites)."""
+    """``gibbs_fn`` (or ``gibbs_init``) broke its contract: it must return a dict with exactly the keys
+    of ``gibbs_sites``, each of the shape of the minibatch's site. Both backends check what it returns
+    and raise this error, naming the kernel, the function and the expected keys or shape, from the
+    first stochastic gradient on (NumPyro: the kernel's ``init``; Pyro: its first ``sample``).
+
+    **Example** (a two-component mixture with a local membership ``z``; ``gibbs_fn`` renames it)::
+
+        >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+        >>> from ppl_sgmcmc.numpyro import SGLD
+        >>> from ppl_sgmcmc.numpyro.gibbs import GibbsFnError
+        >>> def model(x):
+        ...     mu = numpyro.sample("mu", dist.Normal(0.0, 3.0).expand([2]).to_event(1))
+        ...     with numpyro.plate("data", x.shape[0], subsample_size=4):
+        ...         z = numpyro.sample("z", dist.Categorical(probs=jnp.array([0.5, 0.5])))
+        ...         numpyro.sample("x", dist.Normal(mu[z], 1.0), obs=numpyro.subsample(x, event_dim=0))
+        >>> def gibbs_fn(rng_key, gibbs_sites, hmc_sites, subsample_indices):
+        ...     return {"labels": gibbs_sites["z"]}  # should be {"z": ...}
+        >>> kernel = SGLD(model, step_size=1e-3, gibbs_sites=["z"], gibbs_fn=gibbs_fn)
+        >>> try:
+        ...     kernel.init(jax.random.PRNGKey(0), 0, {"mu": jnp.zeros(2)}, model_args=(jnp.arange(10.0),))
+        ... except GibbsFnError as err:
+        ...     print(err)
+        SGLD: `gibbs_fn` must return a dict with the keys ['z'], got ['labels'].
+    """
 
 
 def gibbs_result(new, current, shape, label, kernel):

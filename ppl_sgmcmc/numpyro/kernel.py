@@ -19,6 +19,7 @@ from ppl_sgmcmc import _hyperparameters
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro import gibbs
 from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors
+from ppl_sgmcmc.rules import has_momentum, refresh_momentum
 
 
 class SGMCMCState(NamedTuple):
@@ -32,7 +33,8 @@ class SGMCMCState(NamedTuple):
       gradient; noisy and scaled to the full data, not the exact potential ``U``.
     - **step_size**: the step size ``h_i`` this step used.
     - **diverging**: whether this step's gradient or new state was non-finite; the step was then
-      rejected and the chain kept its last finite state.
+      rejected: the chain kept its last finite position and rule state, except that a momentum is
+      redrawn (:func:`ppl_sgmcmc.rules.refresh_momentum`).
     - **num_diverging**: the number of rejected steps so far.
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.numpyro.minibatch`).
     - **rng_key**: the random key for the next step.
@@ -61,6 +63,12 @@ class SGMCMCState(NamedTuple):
 def _all_finite(tree):
     """Whether every entry of every leaf is finite, by one reduction: a sum is finite only if its terms are."""
     return jnp.isfinite(sum(jnp.sum(x) for x in jax.tree.leaves(tree)))
+
+
+def _refresh_noise(key_noise, like):
+    """The standard normal draw that redraws the momentum of a rejected step: a key folded from the step's
+    noise key, so the draws of accepted steps are those of a kernel without the redraw."""
+    return random.normal(random.fold_in(key_noise, 1), like.shape, like.dtype)
 
 
 class SGMCMCKernel(MCMCKernel):
@@ -412,21 +420,31 @@ class SGMCMCKernel(MCMCKernel):
         batch, batch_state = self._target.draw(key_draw, state.batch_state)
         flat, _ = ravel_pytree(state.z)
         step_size = self.step_size_at(state.i)
+        hyper = self.hyperparameters()
         new_flat, rule_state, gradient = self.rule.step(
             flat,
             state.rule_state,
             lambda x: self._target.gradient(x, self._unravel, batch, model_args, model_kwargs),
             random.normal(key_noise, flat.shape, flat.dtype),
             step_size,
-            **self.hyperparameters(),
+            **hyper,
         )
         # a non-finite gradient reaches the new position through every rule
         finite = _all_finite((gradient.energy, new_flat, rule_state))
         keep = partial(jnp.where, finite)
+        kept_rule_state = state.rule_state
+        if has_momentum(kept_rule_state):  # a rejected step redraws the momentum that made it diverge
+            kept_rule_state = lax.cond(
+                finite,
+                lambda: kept_rule_state,
+                lambda: refresh_momentum(
+                    kept_rule_state, _refresh_noise(key_noise, flat), hyper.get("temperature", 1.0)
+                ),
+            )
         return SGMCMCState(
             i=state.i + 1,
             z=self._unravel(keep(new_flat, flat)),
-            rule_state=jax.tree.map(keep, rule_state, state.rule_state),
+            rule_state=jax.tree.map(keep, rule_state, kept_rule_state),
             potential_energy=keep(gradient.energy, state.potential_energy),
             step_size=jnp.asarray(step_size, flat.dtype),
             diverging=~finite,

@@ -147,6 +147,17 @@ class SGNHT(SGMCMCKernel):
         self._options = _hyperparameters.sgnht(diffusion, thermostat, integrator, type(self).__name__)
 
     def diagnostics(self, state):
+        """The diagnostics string of one state: the base class's (``Ũ_t``, ``h``, rejected steps) and the
+        mean thermostat ``ξ̄``.
+
+        **Example** (the thermostat starts at ``D``)::
+
+            >>> import jax, jax.numpy as jnp
+            >>> kernel = SGNHT(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1, diffusion=2.0)
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, init_params={"x": jnp.ones(3)})
+            >>> kernel.diagnostics(state)
+            'Ũ_t 1.5, h 1.00e-01, div 0, ξ̄ 2'
+        """
         return f"{super().diagnostics(state)}, ξ̄ {float(state.rule_state.thermostat.mean()):.3g}"
 
 
@@ -199,7 +210,24 @@ class ContourState(SGMCMCState):
     contour quantities of the rule state (:class:`ppl_sgmcmc.rules.csgld.CSGLDState`) readable as
     top-level attributes, so that ``MCMC`` collects them under clean names and ArviZ puts them in
     ``sample_stats``: ``log_weight`` and ``partition`` (collected by default), ``multiplier``,
-    ``theta`` (the partition weights, ``(m,)`` per chain), ``energy_min``, ``energy_gap``."""
+    ``theta`` (the partition weights, ``(m,)`` per chain), ``energy_min``, ``energy_gap``.
+
+    **Example** (any of them can be collected by name with ``extra_fields``; the grid here is explicit)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from numpyro.infer import MCMC
+        >>> kernel = CSGLD(potential_fn=lambda z: jnp.sum(z["x"] ** 2) / 2, step_size=0.1, num_partitions=10,
+        ...                energy_min=0.0, energy_gap=0.5)
+        >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=200, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(1), init_params={"x": jnp.zeros(2)}, extra_fields=("multiplier", "theta"))
+        >>> {name: value.shape for name, value in sorted(mcmc.get_extra_fields().items())}
+        {'diverging': (200,), 'log_weight': (200,), 'multiplier': (200,), 'partition': (200,), 'theta': (200, 10)}
+        >>> state = mcmc.last_state
+        >>> type(state).__name__, float(state.energy_min), float(state.energy_gap), round(float(state.theta.sum()), 3)
+        ('ContourState', 0.0, 0.5, 1.0)
+        >>> 0 <= int(state.partition) < 10, bool(jnp.isfinite(state.log_weight) & jnp.isfinite(state.multiplier))
+        (True, True)
+    """
 
     __slots__ = ()
 
@@ -327,18 +355,73 @@ class CSGLD(SGMCMCKernel):
 
     @property
     def auto_grid(self):
-        """Whether the energy grid is chosen from the warm-up."""
+        """Whether the energy grid is chosen from the warm-up: ``True`` unless both ``energy_min`` and
+        ``energy_gap`` are given.
+
+        **Example**::
+
+            >>> CSGLD(potential_fn=lambda z: 0.0, step_size=0.1, energy_min=0.0).auto_grid  # Δu is still "auto"
+            True
+            >>> CSGLD(potential_fn=lambda z: 0.0, step_size=0.1, energy_min=0.0, energy_gap=1.0).auto_grid
+            False
+        """
         return self._contour.auto_grid
 
     def hyperparameters(self):
+        """The rule's keyword arguments besides ``step_size``: ``temperature``; the contour arguments
+        ``num_partitions``, ``energy_min``, ``energy_gap`` (``None`` while ``"auto"``), ``zeta``,
+        ``sa_step_size`` and ``weight``; the windows ``calibration_steps`` and ``adaptation_steps``
+        (``None``: ``θ`` never stops learning), which :meth:`init` fixes from the warm-up; and the
+        ``integrator`` (``"langevin"``, or :class:`CSGHMC`'s).
+
+        **Example** (an ``"auto"`` grid, calibrated over half the warm-up: 50 draws × 4 steps / 2)::
+
+            >>> import jax, jax.numpy as jnp
+            >>> kernel = CSGLD(potential_fn=lambda z: jnp.sum(z["x"] ** 2) / 2, step_size=0.1, steps_per_sample=4)
+            >>> _ = kernel.init(jax.random.PRNGKey(0), num_warmup=50, init_params={"x": jnp.zeros(2)})
+            >>> hp = kernel.hyperparameters()
+            >>> hp["energy_min"], hp["calibration_steps"], hp["adaptation_steps"], hp["integrator"]
+            (None, 100, None, 'langevin')
+        """
         contour = self._contour.rule_kwargs(self._calibration_steps, self._adaptation_steps)
         return dict(super().hyperparameters(), **contour, integrator=self.integrator)
 
     @property
     def default_fields(self):
+        """The state fields ``MCMC`` collects unless told otherwise: the base class's ``z`` and
+        ``diverging``, and each draw's ``log_weight`` and ``partition`` (see :class:`ContourState`).
+
+        **Example**::
+
+            >>> CSGLD(potential_fn=lambda z: 0.0, step_size=0.1).default_fields
+            ('z', 'diverging', 'log_weight', 'partition')
+        """
         return ("z", "diverging", "log_weight", "partition")
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        """As :meth:`SGMCMCKernel.init <ppl_sgmcmc.numpyro.kernel.SGMCMCKernel.init>`, after fixing the
+        grid's calibration window and ``θ``'s adaptation window from ``num_warmup × steps_per_sample``.
+
+        :return: the :class:`ContourState` at step 0, with ``θ`` uniform or ``initial_theta``.
+        :raises ValueError: if the warm-up is too short for an ``"auto"`` grid, for ``calibration_steps``
+            or for ``adapt_theta="warmup"``.
+
+        **Example** (a given ``initial_theta`` is normalised; an ``"auto"`` grid needs a warm-up)::
+
+            >>> import jax, jax.numpy as jnp
+            >>> def energy(z):
+            ...     return jnp.sum(jnp.abs(z["x"]))
+            >>> kernel = CSGLD(potential_fn=energy, step_size=0.1, num_partitions=4, energy_min=0.0,
+            ...                energy_gap=1.0, initial_theta=[1.0, 1.0, 2.0, 4.0])
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, init_params={"x": jnp.zeros(2)})
+            >>> type(state).__name__, state.theta.tolist()
+            ('ContourState', [0.125, 0.125, 0.25, 0.5])
+            >>> CSGLD(potential_fn=energy, step_size=0.1).init(jax.random.PRNGKey(0), num_warmup=0,
+            ...                                                  init_params={"x": jnp.zeros(2)})
+            Traceback (most recent call last):
+                ...
+            ValueError: CSGLD: `energy_min`/`energy_gap` "auto" choose the energy grid during the warm-up, but ...
+        """
         self._calibration_steps, self._adaptation_steps = self._contour.windows(
             num_warmup, self._steps_per_sample, "num_warmup", type(self).__name__
         )
@@ -356,6 +439,18 @@ class CSGLD(SGMCMCKernel):
         return ContourState(*super()._step(state, model_args, model_kwargs))
 
     def diagnostics(self, state):
+        """The diagnostics string of one state: the base class's (``Ũ_t``, ``h``, rejected steps), the
+        sample's 0-based energy bin and its gradient multiplier.
+
+        **Example** (the first draw is the starting point, ``Ũ = 0.7``: bin 1 of ``Δu = 0.5``)::
+
+            >>> import jax, jax.numpy as jnp
+            >>> kernel = CSGLD(potential_fn=lambda z: jnp.sum(jnp.abs(z["x"])), step_size=0.1, num_partitions=10,
+            ...                energy_min=0.0, energy_gap=0.5)
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, init_params={"x": jnp.array([0.3, -0.4])})
+            >>> kernel.diagnostics(jax.jit(kernel.sample)(state, (), {}))
+            'Ũ_t 0.7, h 1.00e-01, div 0, bin 1, mult 1.03'
+        """
         rule = state.rule_state
         return f"{super().diagnostics(state)}, bin {int(rule.partition)}, mult {float(rule.multiplier):.3g}"
 
@@ -501,6 +596,25 @@ class SGFS(SGMCMCKernel):
         self._num_warmup = 0
 
     def hyperparameters(self):
+        """The rule's keyword arguments besides ``step_size``: ``fisher``, ``B``, ``ridge``, ``fisher_window``
+        and ``max_full_dim`` as validated, ``data_size`` (``N``, the subsampled plate's size) and
+        ``num_warmup`` (in steps); no ``temperature``. The last two come from :meth:`init`.
+
+        **Example** (``num_warmup`` counts steps: 50 draws × 2)::
+
+            >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+            >>> def model(x):
+            ...     loc = numpyro.sample("loc", dist.Normal(0, 10))
+            ...     scale = numpyro.sample("scale", dist.HalfNormal(5))
+            ...     with numpyro.plate("data", x.shape[0], subsample_size=50):
+            ...         numpyro.sample("x", dist.Normal(loc, scale), obs=numpyro.subsample(x, event_dim=0))
+            >>> kernel = SGFS(model, step_size=1.0, fisher="diagonal", steps_per_sample=2)
+            >>> init_params = {"loc": jnp.array(0.0), "scale": jnp.array(0.0)}  # unconstrained: scale = 1
+            >>> _ = kernel.init(jax.random.PRNGKey(0), 50, init_params, model_args=(jnp.ones(500),))
+            >>> hp = kernel.hyperparameters()
+            >>> hp["fisher"], hp["data_size"], hp["num_warmup"], "temperature" in hp
+            ('diagonal', 500, 100, False)
+        """
         num_warmup = self._num_warmup * self._steps_per_sample  # in steps
         return dict(self._options, data_size=self._target.data_size, num_warmup=num_warmup)
 
@@ -511,6 +625,30 @@ class SGFS(SGMCMCKernel):
         return target
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        """As :meth:`SGMCMCKernel.init <ppl_sgmcmc.numpyro.kernel.SGMCMCKernel.init>`, after recording
+        ``num_warmup`` (the Fisher average's warm-up window); checks the model's plate, and ``fisher``,
+        ``B`` and ``max_full_dim`` against its dimension ``d``, and warns when a full Fisher estimate
+        starts singular (``n ≤ d`` with a small ``ridge``).
+
+        :return: the :class:`~ppl_sgmcmc.numpyro.kernel.SGMCMCState` at step 0; its ``rule_state`` is an
+            :class:`~ppl_sgmcmc.rules.sgfs.SGFSState` with ``Î = 0``.
+        :raises ValueError: naming the fix, if the model or the options do not fit.
+
+        **Example** (a ``B`` for three parameters, on a model with two)::
+
+            >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+            >>> def model(X, counts):
+            ...     w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+            ...     with numpyro.plate("rows", X.shape[0], subsample_size=10):
+            ...         rate = jnp.exp(numpyro.subsample(X, event_dim=1) @ w)
+            ...         numpyro.sample("counts", dist.Poisson(rate), obs=numpyro.subsample(counts, event_dim=0))
+            >>> kernel = SGFS(model, alpha=0.0, B=[1.0, 2.0, 3.0])
+            >>> data = (jnp.ones((40, 2)), jnp.ones(40))
+            >>> kernel.init(jax.random.PRNGKey(0), num_warmup=10, init_params={"w": jnp.zeros(2)}, model_args=data)
+            Traceback (most recent call last):
+                ...
+            ValueError: SGFS: B of shape (3,) does not fit the 2 parameters: give a scalar, a vector of 2 ...
+        """
         self._num_warmup = int(num_warmup)
         try:
             state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
@@ -554,6 +692,23 @@ class SGRLD(SGMCMCKernel):
 
     :param step_size: ``h``, a float or a schedule.
     :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`~ppl_sgmcmc.numpyro.kernel.SGMCMCKernel`.
+
+    **Example** (an exponential rate with prior ``Exponential(1)``; 200 waiting times of 0.5 give the
+    posterior ``Gamma(201, 101)``, mean 1.99)::
+
+        >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+        >>> from numpyro.infer import MCMC
+        >>> def model(t):
+        ...     rate = numpyro.sample("rate", dist.Exponential(1.0))
+        ...     with numpyro.plate("data", t.shape[0], subsample_size=20):
+        ...         numpyro.sample("t", dist.Exponential(rate), obs=numpyro.subsample(t, event_dim=0))
+        >>> mcmc = MCMC(SGRLD(model, step_size=1e-3), num_warmup=100, num_samples=400, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), jnp.full(200, 0.5), init_params={"rate": jnp.array(1.0)})  # positive
+        >>> rate = mcmc.get_samples()["rate"]
+        >>> bool(jnp.all(rate > 0)), bool(abs(rate.mean() - 201 / 101) < 0.2)
+        (True, True)
     """
 
     rule = sgrld

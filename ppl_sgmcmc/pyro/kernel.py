@@ -18,6 +18,7 @@ from ppl_sgmcmc import _hyperparameters
 from ppl_sgmcmc.pyro.gibbs import GibbsTarget
 from ppl_sgmcmc.pyro.handlers import FullDataModel, as_tensors
 from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
+from ppl_sgmcmc.rules import has_momentum, refresh_momentum
 
 __all__ = ["SGMCMCKernel", "SGMCMCState"]
 
@@ -32,7 +33,8 @@ class SGMCMCState(NamedTuple):
       gradient; noisy and scaled to the full data, not the exact potential ``U``.
     - **step_size**: the step size ``h`` the last step used.
     - **diverging**: whether the last step's gradient or new state was non-finite; the step was then
-      rejected and the chain kept its last finite state.
+      rejected: the chain kept its last finite position and rule state, except that a momentum is
+      redrawn (:func:`ppl_sgmcmc.rules.refresh_momentum`).
     - **num_diverging**: the number of rejected steps so far (warm-up included).
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.pyro.minibatch`).
 
@@ -67,7 +69,8 @@ class SGMCMCKernel(MCMCKernel):
     ``pyro.set_rng_seed`` makes runs reproducible) and applies the subclass's update rule once,
     with one stochastic gradient ``∇Ũ_t``. Warm-up steps are burn-in: Pyro's ``MCMC`` discards them;
     nothing adapts (the step-size schedule runs on through them). A step whose gradient or new state
-    is not finite is rejected: the chain keeps its last state and the step is counted as a divergence.
+    is not finite is rejected: the chain keeps its last state (with a fresh momentum, for rules that have
+    one) and the step is counted as a divergence.
 
     :param model: a Pyro model; its plates with ``subsample_size`` set are subsampled.
     :param potential_fn: instead of a model, an energy ``potential_fn(z)``, or ``potential_fn(z, generator)``
@@ -422,6 +425,8 @@ class SGMCMCKernel(MCMCKernel):
             energy, diverging = gradient.energy, False
         else:
             rule_state, energy, diverging = state.rule_state, state.potential_energy, True
+            if has_momentum(rule_state):  # redraw the momentum that made the step diverge
+                rule_state = refresh_momentum(rule_state, self._normal(flat), self._hyper.get("temperature", 1.0))
             self._num_diverging += 1
         # z is filled in once per draw, by `sample`
         self._state = SGMCMCState(

@@ -63,6 +63,24 @@ class SGHMC(SGMCMCKernel):
     :param friction: ``A > 0`` (default 1.0), which is also the injected noise's diffusion.
     :param integrator: ``"splitting"`` (default) or ``"euler"``.
     :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel`.
+
+    **Example** (an energy instead of a model: a 2-d normal with correlation 0.8)::
+
+        >>> import torch, pyro
+        >>> from pyro.infer import MCMC
+        >>> precision = torch.tensor([[1.0, 0.8], [0.8, 1.0]]).inverse()
+        >>> def energy(z):
+        ...     return 0.5 * z["x"] @ precision @ z["x"]
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = SGHMC(potential_fn=energy, step_size=0.2, steps_per_sample=2)
+        >>> mcmc = MCMC(kernel, warmup_steps=100, num_samples=500, initial_params={"x": torch.zeros(2)},
+        ...             disable_progbar=True)
+        >>> mcmc.run()
+        >>> x = mcmc.get_samples()["x"]
+        >>> bool(torch.corrcoef(x.T)[0, 1] > 0.5), bool(x.mean(0).abs().max() < 0.5)
+        (True, True)
     """
 
     rule = sghmc
@@ -102,6 +120,33 @@ class SGNHT(SGMCMCKernel):
     :param thermostat: ``"multivariate"`` (default, ``ξ ∈ R^d``) or ``"scalar"``.
     :param integrator: ``"splitting"`` (default) or ``"euler"``.
     :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel`.
+
+    **Example** (a Poisson rate on the log scale; the counts' mean is 5)::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> def model(counts):
+        ...     log_rate = pyro.sample("log_rate", dist.Normal(0.0, 2.0))
+        ...     rate = log_rate.exp()
+        ...     with pyro.plate("days", counts.shape[0], subsample_size=25):
+        ...         pyro.sample("counts", dist.Poisson(rate), obs=pyro.subsample(counts, event_dim=0))
+        >>> pyro.set_rng_seed(0)
+        >>> mcmc = MCMC(SGNHT(model, step_size=0.01), warmup_steps=200, num_samples=300, disable_progbar=True)
+        >>> mcmc.run(torch.full((500,), 5.0))
+        >>> bool(abs(mcmc.get_samples()["log_rate"].exp().mean() - 5) < 0.3)
+        True
+
+    The thermostat is in the kernel's state between steps (here the scalar one, which starts at ``D``)::
+
+        >>> kernel = SGNHT(potential_fn=lambda z: (z["x"] ** 2).sum(), step_size=0.05, thermostat="scalar",
+        ...                diffusion=0.5)
+        >>> kernel.initial_params = {"x": torch.zeros(4)}
+        >>> kernel.setup(warmup_steps=0)
+        >>> _ = kernel.sample(kernel.initial_params)
+        >>> kernel.state.rule_state.thermostat.shape, sorted(kernel.logging())
+        (torch.Size([]), ['div', 'h', 'Ũ_t', 'ξ̄'])
     """
 
     rule = sgnht
@@ -147,6 +192,27 @@ class PSGLD(SGMCMCKernel):
     :param alpha: the RMSprop decay ``α ∈ (0, 1)`` (default 0.99).
     :param eps: the regulariser ``λ > 0`` (default 1e-5).
     :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel`.
+
+    **Example** (a straight-line regression, ``y = 1 - 2x`` plus unit noise)::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> def model(x, y):
+        ...     a = pyro.sample("a", dist.Normal(0.0, 10.0))
+        ...     b = pyro.sample("b", dist.Normal(0.0, 10.0))
+        ...     with pyro.plate("data", x.shape[0], subsample_size=20):
+        ...         mean = a + b * pyro.subsample(x, event_dim=0)
+        ...         pyro.sample("y", dist.Normal(mean, 1.0), obs=pyro.subsample(y, event_dim=0))
+        >>> pyro.set_rng_seed(0)
+        >>> x = torch.linspace(-1, 1, 200)
+        >>> y = 1.0 - 2.0 * x + torch.randn(200)
+        >>> mcmc = MCMC(PSGLD(model, step_size=1e-3), warmup_steps=100, num_samples=150, disable_progbar=True)
+        >>> mcmc.run(x, y)
+        >>> samples = mcmc.get_samples()
+        >>> bool(abs(samples["a"].mean() - 1) < 0.5), bool(abs(samples["b"].mean() + 2) < 0.5)
+        (True, True)
     """
 
     rule = psgld
@@ -162,7 +228,26 @@ class ContourState(SGMCMCState):
     """:class:`~ppl_sgmcmc.pyro.kernel.SGMCMCState` of :class:`CSGLD`/:class:`CSGHMC`, with the contour
     quantities of the rule state (:class:`ppl_sgmcmc.rules.csgld.CSGLDState`) readable as top-level
     attributes: ``log_weight``, ``partition``, ``multiplier``, ``theta`` (the partition weights, ``(m,)``),
-    ``energy_min``, ``energy_gap``."""
+    ``energy_min``, ``energy_gap``. It is the kernel's :attr:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel.state`
+    during a run; after ``MCMC.run``, :meth:`CSGLD.diagnostics` holds what was recorded.
+
+    **Example** (an explicit grid of 8 bins of width 0.5 on ``U(x) = |x|²/2`` in 3 dimensions)::
+
+        >>> import torch, pyro
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = CSGLD(potential_fn=lambda z: (z["x"] ** 2).sum() / 2, step_size=0.1, num_partitions=8,
+        ...                energy_min=0.0, energy_gap=0.5)
+        >>> kernel.initial_params = {"x": torch.zeros(3)}
+        >>> kernel.setup(warmup_steps=0)
+        >>> z = kernel.initial_params
+        >>> for _ in range(20):
+        ...     z = kernel.sample(z)
+        >>> state = kernel.state
+        >>> type(state).__name__, float(state.energy_min), float(state.energy_gap), state.theta.shape
+        ('ContourState', 0.0, 0.5, torch.Size([8]))
+        >>> 0 <= int(state.partition) < 8, bool(torch.isfinite(state.log_weight + state.multiplier))
+        (True, True)
+    """
 
     __slots__ = ()
 
@@ -269,17 +354,50 @@ class CSGLD(SGMCMCKernel):
 
     @property
     def auto_grid(self):
-        """Whether the energy grid is chosen from the warm-up."""
+        """Whether the energy grid is chosen from the warm-up: ``True`` unless both ``energy_min`` and
+        ``energy_gap`` are given.
+
+        **Example**::
+
+            >>> CSGLD(potential_fn=lambda z: z["x"] ** 2, step_size=0.05).auto_grid
+            True
+            >>> CSGLD(potential_fn=lambda z: z["x"] ** 2, step_size=0.05, energy_gap=2.0).auto_grid  # u_min is "auto"
+            True
+        """
         return self._contour.auto_grid
 
     def hyperparameters(self):
-        """The rule's keyword arguments besides ``step_size``."""
+        """The rule's keyword arguments besides ``step_size``: ``temperature``, the contour arguments
+        (``None`` for an ``"auto"`` ``energy_min``/``energy_gap``), the windows ``calibration_steps`` and
+        ``adaptation_steps`` that :meth:`setup` fixes, and the ``integrator``.
+
+        **Example** (CSGHMC's integrator is the SGHMC one)::
+
+            >>> hp = CSGHMC(potential_fn=lambda z: z["x"] ** 2, step_size=0.05, num_partitions=30,
+            ...             energy_min=-1.0, energy_gap=0.2).hyperparameters()
+            >>> hp["num_partitions"], hp["energy_min"], hp["energy_gap"], hp["zeta"], hp["integrator"]
+            (30, -1.0, 0.2, 0.75, 'splitting')
+        """
         contour = self._contour.rule_kwargs(self._calibration_steps, self._adaptation_steps)
         return dict(super().hyperparameters(), **contour, integrator=self.integrator)
 
     def setup(self, warmup_steps, *args, **kwargs):
         """As :meth:`SGMCMCKernel.setup <ppl_sgmcmc.pyro.kernel.SGMCMCKernel.setup>`, after fixing the
-        calibration and adaptation windows from ``warmup_steps``."""
+        calibration and adaptation windows from ``warmup_steps × steps_per_sample``; clears the records
+        of :meth:`diagnostics`. Raises a ``ValueError`` if the warm-up is too short for an ``"auto"`` grid,
+        for ``calibration_steps`` or for ``adapt_theta="warmup"``.
+
+        **Example** (``θ`` frozen after the warm-up: the grid is calibrated over the first 10 steps and ``θ``
+        learns until step 60, the end of the warm-up of 30 draws × 2 steps)::
+
+            >>> import torch
+            >>> kernel = CSGLD(potential_fn=lambda z: z["x"].abs().sum(), step_size=0.05, steps_per_sample=2,
+            ...                calibration_steps=10, adapt_theta="warmup")
+            >>> kernel.initial_params = {"x": torch.ones(2)}
+            >>> kernel.setup(warmup_steps=30)
+            >>> kernel.hyperparameters()["calibration_steps"], kernel.hyperparameters()["adaptation_steps"]
+            (10, 60)
+        """
         self._calibration_steps, self._adaptation_steps = self._contour.windows(
             warmup_steps, self._steps_per_sample, "warmup_steps", type(self).__name__
         )
@@ -301,7 +419,10 @@ class CSGLD(SGMCMCKernel):
         return diverging
 
     def sample(self, params):
-        """As the base class; records the kept draws' ``log_weight`` and ``partition``."""
+        """As :meth:`SGMCMCKernel.sample <ppl_sgmcmc.pyro.kernel.SGMCMCKernel.sample>`; after the warm-up,
+        also records the draw's ``log_weight`` and ``partition`` for :meth:`diagnostics` (whose example
+        shows that only the kept draws are recorded).
+        """
         params = super().sample(params)
         if self._draws > self._warmup_steps:
             rule_state = self._state.rule_state
@@ -310,8 +431,26 @@ class CSGLD(SGMCMCKernel):
         return params
 
     def diagnostics(self):
-        """The base class's, plus ``log_weight`` and ``partition`` of every kept draw (lists) and the
-        chain's final ``theta`` (a list of ``m`` floats), ``energy_min`` and ``energy_gap``."""
+        """The base class's (``divergences``, ``num_diverging``), plus ``log_weight`` and ``partition`` of
+        every kept draw (lists) and the chain's final ``theta`` (a list of ``m`` floats), ``energy_min`` and
+        ``energy_gap``. ``MCMC.diagnostics()`` gathers them per chain.
+
+        **Example** (the grid an ``"auto"`` calibration chose)::
+
+            >>> import torch, pyro
+            >>> pyro.set_rng_seed(0)
+            >>> kernel = CSGLD(potential_fn=lambda z: (z["x"] - 1).abs().sum(), step_size=0.05, num_partitions=6)
+            >>> kernel.initial_params = {"x": torch.zeros(2)}
+            >>> kernel.setup(warmup_steps=20)
+            >>> z = kernel.initial_params
+            >>> for _ in range(25):
+            ...     z = kernel.sample(z)
+            >>> out = kernel.diagnostics()
+            >>> sorted(out)
+            ['divergences', 'energy_gap', 'energy_min', 'log_weight', 'num_diverging', 'partition', 'theta']
+            >>> len(out["log_weight"]), len(out["theta"]), out["energy_gap"] > 0  # 25 draws - 20 warm-up; 6 bins
+            (5, 6, True)
+        """
         out = super().diagnostics()
         out.update({field: list(values) for field, values in self._records.items()})
         if self._state is not None:
@@ -438,7 +577,23 @@ class SGFS(SGMCMCKernel):
         self._num_warmup = 0
 
     def hyperparameters(self):
-        """The rule's keyword arguments besides ``step_size`` (no temperature)."""
+        """The rule's keyword arguments besides ``step_size``: ``fisher``, ``B``, ``ridge``, ``fisher_window``
+        and ``max_full_dim`` as validated, ``data_size`` (the subsampled plate's ``N``) and ``num_warmup``
+        (in steps); no ``temperature``. The last two come from :meth:`setup`.
+
+        **Example** (a Poisson rate; 300 counts, 30 a minibatch)::
+
+            >>> import torch, pyro, pyro.distributions as dist
+            >>> def model(counts):
+            ...     rate = pyro.sample("rate", dist.Gamma(2.0, 1.0))
+            ...     with pyro.plate("hours", counts.shape[0], subsample_size=30):
+            ...         pyro.sample("counts", dist.Poisson(rate), obs=pyro.subsample(counts, event_dim=0))
+            >>> kernel = SGFS(model, step_size=0.5, B="identity")
+            >>> kernel.setup(40, torch.full((300,), 3.0))
+            >>> hp = kernel.hyperparameters()
+            >>> hp["B"], hp["data_size"], hp["num_warmup"], hp["fisher_window"]
+            ('identity', 300, 40, 100)
+        """
         num_warmup = self._num_warmup * self._steps_per_sample  # in steps
         return dict(self._options, data_size=self._target.data_size, num_warmup=num_warmup)
 
@@ -448,7 +603,24 @@ class SGFS(SGMCMCKernel):
         return target
 
     def setup(self, warmup_steps, *args, **kwargs):
-        """As the base class; checks ``fisher``, ``B`` and ``max_full_dim`` against the model's dimension."""
+        """As :meth:`SGMCMCKernel.setup <ppl_sgmcmc.pyro.kernel.SGMCMCKernel.setup>`, after recording
+        ``warmup_steps`` (the Fisher average's warm-up window); checks the model's plate, and ``fisher``,
+        ``B`` and ``max_full_dim`` against its dimension ``d`` (a ``ValueError`` naming the fix), and warns
+        when a full Fisher estimate starts singular (``n ≤ d`` with a small ``ridge``).
+
+        **Example** (three latents are too many for a full Fisher capped at two)::
+
+            >>> import torch, pyro, pyro.distributions as dist
+            >>> def model(X, y):
+            ...     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+            ...     with pyro.plate("rows", X.shape[0], subsample_size=16):
+            ...         pyro.sample("y", dist.Normal(pyro.subsample(X, event_dim=1) @ w, 1.0),
+            ...                     obs=pyro.subsample(y, event_dim=0))
+            >>> SGFS(model, alpha=0.0, max_full_dim=2).setup(10, torch.ones(64, 3), torch.zeros(64))
+            Traceback (most recent call last):
+                ...
+            ValueError: SGFS: a full Fisher for d = 3 parameters (3×3 matrix, an O(d³) Cholesky solve per step) ...
+        """
         name = type(self).__name__
         self._num_warmup = int(warmup_steps)
         super().setup(warmup_steps, *args, **kwargs)

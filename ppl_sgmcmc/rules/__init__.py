@@ -65,4 +65,45 @@ class StochasticGradient(NamedTuple):
     per_example: object = None
 
 
-__all__ = ["StochasticGradient", "array_namespace", "csgld", "psgld", "sgfs", "sghmc", "sgld", "sgnht", "sgrld"]
+def has_momentum(state):
+    """Whether a rule's state carries a momentum ``p`` (SGHMC, SGNHT, CSGHMC; not SGLD, CSGLD, ...)."""
+    return getattr(state, "momentum", None) is not None
+
+
+def refresh_momentum(state, noise, temperature=1.0):
+    """``state`` with its momentum redrawn from the momentum's stationary marginal ``p ~ N(0, τ I)``
+    (``p = sqrt(τ) ζ``, as ``init`` draws it); other fields (a thermostat, CSGHMC's ``θ``) are kept.
+
+    Redrawing ``p`` alone is a Gibbs step on ``p``: it leaves the joint stationary distribution of
+    ``(θ, p)`` invariant. The kernels apply it when they reject a non-finite step: the rejected move's
+    momentum is what made it diverge, and a chain that kept it would repeat the move and stay stuck.
+
+    :param state: a rule's state with a ``momentum`` field (see :func:`has_momentum`).
+    :param noise: ``ζ``, a standard normal draw of the shape of the momentum.
+    :param temperature: ``τ`` (default 1).
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import refresh_momentum, sgnht
+        >>> state = sgnht.SGNHTState(momentum=jnp.array([40.0, -75.0]), thermostat=jnp.array([3.0, 5.0]))
+        >>> fresh = refresh_momentum(state, jnp.array([0.5, -1.0]), temperature=4.0)
+        >>> fresh.momentum.tolist(), fresh.thermostat.tolist()
+        ([1.0, -2.0], [3.0, 5.0])
+    """
+    return state._replace(momentum=temperature**0.5 * noise)
+
+
+__all__ = [
+    "StochasticGradient",
+    "array_namespace",
+    "csgld",
+    "has_momentum",
+    "psgld",
+    "refresh_momentum",
+    "sgfs",
+    "sghmc",
+    "sgld",
+    "sgnht",
+    "sgrld",
+]

@@ -154,3 +154,24 @@ def test_non_finite_steps_are_rejected_and_counted(logistic_data):
     assert diverging.any()
     assert jnp.all(jnp.isfinite(mcmc.get_samples()["w"]))
     assert int(mcmc.last_state.num_diverging) >= int(diverging.sum())
+
+
+def test_rejected_step_redraws_the_momentum():
+    """A rejected step keeps the position but redraws the momentum from N(0, τ I): the momentum that made the
+    move overflow is not kept (kept, it would repeat the move)."""
+
+    def energy(z):
+        return jnp.sum(jnp.exp(4 * z["x"]) + z["x"] ** 2)
+
+    kernel = SGHMC(potential_fn=energy, step_size=0.5, temperature=4.0)
+    state = kernel.init(jax.random.PRNGKey(0), 0, init_params={"x": jnp.zeros(3)})
+    redrawn = []
+    for _ in range(60):
+        new = kernel.sample(state, (), {})
+        if new.diverging:
+            np.testing.assert_array_equal(new.z["x"], state.z["x"])
+            assert not np.allclose(new.rule_state.momentum, state.rule_state.momentum)
+            redrawn.append(np.asarray(new.rule_state.momentum) / 2.0)  # sqrt(τ) ζ
+        state = new
+    assert len(redrawn) > 10 and np.all(np.isfinite(redrawn))
+    assert np.abs(np.mean(redrawn)) < 0.5 and 0.5 < np.std(redrawn) < 1.5  # standard normal draws

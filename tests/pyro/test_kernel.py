@@ -162,6 +162,24 @@ def test_non_finite_steps_are_rejected_and_counted(logistic_data):
     assert torch.all(torch.isfinite(mcmc.get_samples()["w"]))
 
 
+def test_rejected_step_redraws_the_momentum():
+    """As in NumPyro: a rejected step keeps the position and redraws the momentum from N(0, τ I)."""
+    kernel = SGHMC(potential_fn=lambda z: (torch.exp(4 * z["x"]) + z["x"] ** 2).sum(), step_size=0.5, temperature=4.0)
+    kernel.initial_params = {"x": torch.zeros(3)}
+    kernel.setup(0)
+    params, state, redrawn = kernel.initial_params, None, []
+    for _ in range(60):
+        params = kernel.sample(params)
+        new = kernel.state
+        if new.diverging:
+            assert not torch.allclose(new.rule_state.momentum, state.rule_state.momentum)
+            redrawn.append(new.rule_state.momentum / 2.0)  # sqrt(τ) ζ
+        state = new
+    redrawn = torch.stack(redrawn)
+    assert len(redrawn) > 10 and torch.all(torch.isfinite(redrawn))
+    assert redrawn.mean().abs() < 0.5 and 0.5 < redrawn.std() < 1.5  # standard normal draws
+
+
 def test_kernel_pickles_before_and_after_a_run(logistic_data):
     kernel = SGNHT(logistic_model, step_size=1e-2)
     pickle.loads(pickle.dumps(kernel))
