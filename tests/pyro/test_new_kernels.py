@@ -22,6 +22,7 @@ import torch
 from pyro.infer import MCMC
 
 from ppl_sgmcmc import numpyro as np_backend
+from ppl_sgmcmc.numpyro import kernel as np_kernel_module
 from ppl_sgmcmc import pyro as pyro_backend
 from ppl_sgmcmc.importance import resample, weighted_expectation
 from ppl_sgmcmc.pyro import CSGHMC, CSGLD, SGFS, SGLD, SGRLD, sample_stats, to_inference_data
@@ -79,6 +80,35 @@ CASES = {
 }  # fmt: skip
 
 
+def _jitted_numpyro_steps(np_kernel, state, model_args, noises, indices=None):
+    """NumPyro's states after each of ``len(noises)`` steps, step ``k`` drawing the noise ``noises[k]`` (and the
+    minibatch ``indices[k]``). The step is jitted, as NumPyro's ``MCMC`` runs it, with the noise (and the
+    indices) as its arguments: ``jax.random.normal`` (and the target's ``draw``) are replaced while it is traced,
+    once. (Run eagerly, each of the step's hundreds of small operations would be compiled on its own.)"""
+    draws = []
+
+    def step(state, noise, idx):
+        def normal(key, shape, dtype=None):
+            draws.append(tuple(shape))
+            return noise
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(jax.random, "normal", normal)
+            # the momentum redraw of a rejected step (a `lax.cond` branch, not taken here) draws no queued noise
+            patch.setattr(np_kernel_module, "_refresh_noise", lambda key, like: jnp.zeros_like(like))
+            if idx is not None:
+                patch.setattr(np_kernel._target, "draw", lambda key, batch_state: ({"data": idx}, batch_state))
+            return np_kernel.sample(state, model_args, {})
+
+    step = jax.jit(step)
+    states = []
+    for k, noise in enumerate(noises):
+        state = step(state, jnp.asarray(noise), None if indices is None else jnp.asarray(indices[k]))
+        states.append(state)
+    assert draws == [noises.shape[1:]]  # traced once; one noise draw of the parameters' shape per step
+    return states
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_same_gradient_and_noise_same_trajectory(case, monkeypatch):
     name, hyper, num_warmup = CASES[case]
@@ -87,15 +117,13 @@ def test_same_gradient_and_noise_same_trajectory(case, monkeypatch):
     e_jax, e_torch = (gamma_energy_jax, gamma_energy_torch) if positive else (energy_jax, energy_torch)
     noises = np.random.default_rng(4).normal(size=(NUM_DRAWS + 1, 3)).astype(np.float32)
 
-    queue = iter(noises)
+    queue = iter(noises[:1])
     monkeypatch.setattr(jax.random, "normal", lambda key, shape, dtype=None: jnp.asarray(next(queue)))
     np_kernel = getattr(np_backend, name)(potential_fn=e_jax, **hyper)
     state = np_kernel.init(jax.random.PRNGKey(0), num_warmup, init_params={"x": jnp.asarray(x0)})
-    np_states = []
-    for _ in range(NUM_DRAWS):
-        state = np_kernel.sample(state, (), {})
-        np_states.append(state)
     monkeypatch.undo()
+    np_states = _jitted_numpyro_steps(np_kernel, state, (), noises[1:])
+    state = np_states[-1]
 
     queue = iter(noises)
     pyro_kernel = getattr(pyro_backend, name)(potential_fn=e_torch, **hyper)
@@ -140,7 +168,7 @@ SGFS_CASES = {
 
 
 @pytest.mark.parametrize("case", list(SGFS_CASES))
-def test_sgfs_same_minibatches_and_noise_same_trajectory(case, monkeypatch):
+def test_sgfs_same_minibatches_and_noise_same_trajectory(case):
     hyper = SGFS_CASES[case]
     rng = np.random.default_rng(0)
     X = rng.normal(size=(N_SGFS, 2)).astype(np.float32)
@@ -152,14 +180,7 @@ def test_sgfs_same_minibatches_and_noise_same_trajectory(case, monkeypatch):
     np_kernel = np_backend.SGFS(np_logistic, **hyper)
     state = np_kernel.init(jax.random.PRNGKey(0), 5, init_params={k: jnp.asarray(v) for k, v in init.items()},
                            model_args=(jnp.asarray(X), jnp.asarray(y)))  # fmt: skip
-    queue, batches = iter(noises[1:]), iter(indices)
-    monkeypatch.setattr(jax.random, "normal", lambda key, shape, dtype=None: jnp.asarray(next(queue)))
-    monkeypatch.setattr(np_kernel._target, "draw", lambda key, bs: ({"data": jnp.asarray(next(batches))}, bs))
-    np_states = []
-    for _ in range(NUM_DRAWS):
-        state = np_kernel.sample(state, (jnp.asarray(X), jnp.asarray(y)), {})
-        np_states.append(state)
-    monkeypatch.undo()
+    np_states = _jitted_numpyro_steps(np_kernel, state, (jnp.asarray(X), jnp.asarray(y)), noises[1:], indices)
 
     queue, batches = iter(noises), iter(indices)
     kernel = SGFS(pyro_logistic, **hyper)
