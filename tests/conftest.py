@@ -10,8 +10,9 @@ exactly what a fresh compilation would give: no test changes what it checks.
 
 The cache lives in a temporary directory for this session only (removed at the end), shared by the
 pytest-xdist workers, which take the cache's file lock (enabled by setting a size limit). Set
-``JAX_COMPILATION_CACHE_DIR`` to use a directory of your own instead (kept; e.g. across CI runs), or
-``PPL_SGMCMC_TEST_JAX_CACHE=0`` to compile everything afresh.
+``JAX_COMPILATION_CACHE_DIR`` to use a directory of your own instead (kept, e.g. across CI runs: most
+programs are then loaded, not compiled), or ``PPL_SGMCMC_TEST_JAX_CACHE=0`` to compile everything
+afresh.
 """
 
 import os
@@ -43,15 +44,17 @@ def _configure_jax_cache(path):
 
 def pytest_configure(config):
     global _owned_dir
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.environ.get("PPL_SGMCMC_TEST_JAX_CACHE") == "0":
-        return  # JAX reads the former itself; the latter turns the shared cache off
+    if os.environ.get("PPL_SGMCMC_TEST_JAX_CACHE") == "0":
+        return
     workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None and _OWN_DIR_KEY in workerinput:
-        path = workerinput[_OWN_DIR_KEY]  # the controller's directory
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        path = os.environ["JAX_COMPILATION_CACHE_DIR"]  # the user's: kept
+    elif workerinput is not None and _OWN_DIR_KEY in workerinput:
+        path = workerinput[_OWN_DIR_KEY]  # the controller's
     else:
         path = _owned_dir = tempfile.mkdtemp(prefix="ppl-sgmcmc-jax-cache-")
-        if getattr(config.option, "dist", "no") != "no":
-            return  # the pytest-xdist controller runs no test: it need not import JAX
+    if workerinput is None and getattr(config.option, "dist", "no") != "no":
+        return  # the pytest-xdist controller runs no test: it need not import JAX
     _configure_jax_cache(path)
 
 
@@ -63,5 +66,5 @@ def pytest_configure_node(node):
 
 
 def pytest_unconfigure(config):
-    if _owned_dir is not None and getattr(config, "workerinput", None) is None:
+    if _owned_dir is not None:  # made by this process (with pytest-xdist: the controller, after its workers)
         shutil.rmtree(_owned_dir, ignore_errors=True)
