@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""CSGLD on the paper's two-mode mixture: Fig. 1(c) of Deng, Lin & Liang (NeurIPS 2020, paper 002).
+"""CSGLD on the paper's two-mode mixture: Fig. 1(c) of Deng, Lin & Liang, "A Contour Stochastic Gradient
+Langevin Dynamics Algorithm for Simulations of Multi-modal Distributions" (NeurIPS 2020).
 
-Target ``π = 0.4 N(-6, 1) + 0.6 N(4, 1)`` (mean 0), the paper's settings (``ALGORITHMS.md``, CSGLD):
+Target ``π = 0.4 N(-6, 1) + 0.6 N(4, 1)`` (mean 0), the paper's settings (the CSGLD algorithm page):
 τ = 1, step size h = 0.1, m = 50 energy bins of width Δu = 1, ζ = 0.75, ``ω_k = 1/(k^0.6 + 100)``,
 gradient noise N(0, 0.01) added to the exact gradient (the energy itself is exact). The grid starts at
 ``u_min = 1.0`` (the energy's minimum is 1.43 with the normalised density; a grid starting below every
-visited energy leaves bin 0 empty, see ``ALGORITHMS.md``), and it is fixed, so that KSGLD's θ is
+visited energy leaves bin 0 empty, see the CSGLD algorithm page), and it is fixed, so that KSGLD's θ is
 defined on it.
 
 The error of the posterior-mean estimate after k iterations, ``|x̄_k - 0|``, averaged over seeds

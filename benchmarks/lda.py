@@ -1,11 +1,13 @@
 """LDA test perplexity: SG-MCMC with a local Gibbs step vs collapsed Gibbs and online variational Bayes.
 
-Paper 000 (Li et al., AAAI 2016), §5.1 / Table 1 and Fig. 3, on Blei's AP corpus instead of the ICML
+The experiment of Li, Chen, Fan & Carin, "High-Order Stochastic Gradient Thermostats for Bayesian
+Learning of Deep Models" (AAAI 2016), §5.1 / Table 1 and Fig. 3, on Blei's AP corpus instead of the ICML
 abstracts (not available): an 80/20 split of the documents, K = 30 topics, α = 0.1, minibatches of 5
 documents, D = 0.75 (thermostat diffusion of mSGNHT, friction of SGHMC), a few step sizes per method.
 
-* mSGNHT-S, mSGNHT-E, SGHMC-S, SGHMC-E: paper 000's parametrisation ``θ_kw ~ N(0.1, 1)``, ``π ∝ |θ|``;
-* SGRLD: the expanded mean ``θ_kw ~ Gamma(β, 1)``, ``π ∝ θ`` (Patterson & Teh 2013);
+* mSGNHT-S, mSGNHT-E, SGHMC-S, SGHMC-E: Li et al.'s parametrisation ``θ_kw ~ N(0.1, 1)``, ``π ∝ |θ|``;
+* SGRLD: the expanded mean ``θ_kw ~ Gamma(β, 1)``, ``π ∝ θ`` (Patterson & Teh, "Stochastic Gradient
+  Riemannian Langevin Dynamics on the Probability Simplex", NeurIPS 2013);
 * ``METHOD@expanded`` (e.g. ``mSGNHT-S@expanded``): the momentum samplers on the expanded-mean model of
   SGRLD instead (sampled in ``log θ``, the Gamma prior's unconstrained space), to compare the samplers
   on one model;
@@ -13,10 +15,11 @@ documents, D = 0.75 (thermostat diffusion of mSGNHT, friction of SGHMC), a few s
   (``gibbs_sweeps`` burn-in + kept collapsed-Gibbs sweeps per step, started from ``make_gibbs_init``);
 * baselines on the same split: collapsed Gibbs on the full training data from the PyPI package
   ``lda`` (its Cython sampler, driven iteration by iteration to snapshot posterior samples), and
-  scikit-learn's ``LatentDirichletAllocation`` with ``learning_method="online"`` (Hoffman et al. 2010).
+  scikit-learn's ``LatentDirichletAllocation`` with ``learning_method="online"`` (Hoffman, Blei & Bach,
+  "Online Learning for Latent Dirichlet Allocation", NeurIPS 2010).
 
-Every method is scored by the same function, ``models.lda.held_out_perplexity`` (document
-completion, see ``models/lda.py``): the predictive probabilities of the held-out 20% of each test
+Every method is scored by the same function, ``models.lda_evaluation.held_out_perplexity`` (document
+completion, see ``models/lda_evaluation.py``): the predictive probabilities of the held-out 20% of each test
 document's tokens, averaged over the posterior samples of the second half of the run (online VB: its
 final variational mean of the topics, a single point). The learning curve evaluates the same at
 checkpoints, each from the samples of the second half of the run so far.
@@ -52,7 +55,7 @@ from numpyro.infer import MCMC
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models import lda  # noqa: E402
+from models import lda, lda_common, lda_evaluation, run_lda  # noqa: E402
 from models.datasets import load_corpus  # noqa: E402
 
 PAPER = {"mSGNHT-S": 939.67, "mSGNHT-E": 960.56, "SGHMC-S": 1004.73, "SGHMC-E": 1017.51, "SGRLD": 1154.68, "Gibbs": 907.84}
@@ -71,18 +74,18 @@ def curve(probabilities, masks, checkpoints):
     for j in checkpoints:
         window = probabilities[j // 2 : j]
         mean = [np.mean([p[b] for p in window], axis=0) for b in range(len(masks))]
-        out.append(lda.perplexity(mean, masks))
+        out.append(lda_common.perplexity(mean, masks))
     return out
 
 
 def evaluate(topic_samples, held_out, alpha, eval_sweeps, seed):
-    accumulator = lda.PerplexityAccumulator(held_out, alpha, *eval_sweeps, seed=seed)
+    accumulator = lda_evaluation.PerplexityAccumulator(held_out, alpha, *eval_sweeps, seed=seed)
     return [accumulator.probabilities(t) for t in topic_samples]
 
 
 def run_sgmcmc(method, step_size, data, args):
     name, _, parametrisation = method.partition("@")
-    kernel, parametrisation = lda.make_kernel(
+    kernel, parametrisation = run_lda.make_kernel(
         name,
         step_size,
         data.train_words,
@@ -298,7 +301,7 @@ def main(argv=None):
         step_sizes[method] = tuple(float(v) for v in values.split(","))
 
     corpus = load_corpus(args.corpus)
-    data = lda.prepare_corpus(corpus, seed=args.seed)
+    data = lda_common.prepare_corpus(corpus, seed=args.seed)
     masks = [b[3] for b in data.held_out.buckets]
     print(
         f"{args.corpus}: {len(data.train_documents)} training / {len(data.test_documents)} test documents, "
@@ -306,7 +309,7 @@ def main(argv=None):
         f"{platform.processor() or platform.machine()}, jax {jax.__version__}",
         flush=True,
     )
-    uniform = lda.held_out_perplexity(
+    uniform = lda_evaluation.held_out_perplexity(
         np.full((1, args.topics, data.vocab_size), 1.0 / data.vocab_size), data.held_out, args.alpha
     )
     results = {"corpus": args.corpus, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
@@ -326,7 +329,7 @@ def main(argv=None):
             curve=values,
             seconds=seconds,
             eval_seconds=time.perf_counter() - start + extra.pop("eval_seconds", 0.0),
-            top_words=lda.top_words(topics, data.vocab, 8),
+            top_words=lda_common.top_words(topics, data.vocab, 8),
             **extra,
         )
         results["runs"].append(run)
@@ -361,7 +364,7 @@ def main(argv=None):
                 start = time.perf_counter()
                 probs = evaluate(topics, data.held_out, args.alpha, args.eval_sweeps, args.seed)
                 # a point estimate: the curve and the result use the latest snapshot only
-                values = [lda.perplexity(p, masks) for p in probs]
+                values = [lda_common.perplexity(p, masks) for p in probs]
                 run = dict(
                     method=method,
                     setting=f"batch {batch_size}",
@@ -371,7 +374,7 @@ def main(argv=None):
                     seconds=seconds,
                     eval_seconds=time.perf_counter() - start,
                     eta=args.eta,
-                    top_words=lda.top_words(topics[-1], data.vocab, 8),
+                    top_words=lda_common.top_words(topics[-1], data.vocab, 8),
                 )
                 results["runs"].append(run)
                 print(
@@ -392,7 +395,7 @@ COLORS = {"mSGNHT-S": "C3", "mSGNHT-E": "C1", "SGHMC-S": "C0", "SGHMC-E": "C9", 
 
 
 def parametrisation(method):
-    """``"gaussian"`` (paper 000's ``θ ~ N(0.1, 1)``, ``π ∝ |θ|``), ``"expanded"`` or ``"-"`` (baselines)."""
+    """``"gaussian"`` (Li et al. 2016's ``θ ~ N(0.1, 1)``, ``π ∝ |θ|``), ``"expanded"`` or ``"-"`` (baselines)."""
     if method in BASELINES:
         return "-"
     return "expanded" if method.endswith("@expanded") or method == "SGRLD" else "gaussian"
@@ -459,7 +462,7 @@ def summary(results):
 
 
 def plot(results, path):
-    """Perplexity against documents seen (paper 000's Fig. 3), one panel per parametrisation: paper 000's
+    """Perplexity against documents seen (Li et al. 2016, Fig. 3), one panel per parametrisation: Li et al.'s
     Gaussian model on the left, the expanded mean (with SGRLD) on the right. Each method's best run is
     bold and labelled; where a method also has runs of another length, the best of those is labelled
     too (medium line); the other step sizes are faint. Runs longer than the shortest have dot markers.

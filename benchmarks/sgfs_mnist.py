@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""SGFS on MNIST 7-vs-9 logistic regression (Ahn, Korattikara & Welling 2012, paper 003, §5.1).
+"""SGFS on MNIST 7-vs-9 logistic regression (Ahn, Korattikara & Welling, "Bayesian
+Posterior Sampling via Stochastic Gradient Fisher Scoring", ICML 2012, §5.1).
 
 Errors of the running mean and covariance against a full-data NUTS run, as a function of wall-clock
-sampling time, for SGFS-f, SGFS-d and SGLD (``ALGORITHMS.md``, "Errors used by 003")::
+sampling time, for SGFS-f, SGFS-d and SGLD (the paper's relative errors E1 of the mean and E2 of the covariance)::
 
     E1(t) = Σ_i |mean_i(t) - mean*_i| / Σ_i |mean*_i|,   E2(t) = Σ_ij |C_ij(t) - C*_ij| / Σ_ij |C*_ij|
 

@@ -73,6 +73,7 @@ from blackjax.sgmcmc.gradients import grad_estimator  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from models.datasets import load_a9a  # noqa: E402
+from ppl_sgmcmc.algorithms import call_kwargs  # noqa: E402
 from ppl_sgmcmc.numpyro import PSGLD, SGHMC, SGLD, SGNHT  # noqa: E402
 from ppl_sgmcmc.rules import StochasticGradient, psgld, sghmc, sgld, sgnht  # noqa: E402
 
@@ -299,7 +300,7 @@ def make_scan_chain(rule, hyper, step_size, X, y, steps):
     def chain(key):
         key, key_init = random.split(key)
         x0 = jnp.zeros(d)
-        rule_state = rule.init(x0, random.normal(key_init, (d,)), **hyper)
+        rule_state = rule.init(x0, random.normal(key_init, (d,)), **call_kwargs(rule.init, hyper))
 
         def body(carry, _):
             x, rule_state, key = one_step(*carry)
@@ -386,7 +387,7 @@ def compare_one_step(spec, X, y):
     ours_jaxpr = jax.make_jaxpr(lambda s: kernel.sample(s, (X, y), {}))(state)
     _, one_step = make_scan_chain(rule, hyper, step_size, X, y, 1)
     x0 = jnp.zeros(X.shape[1])
-    rs = rule.init(x0, x0, **hyper)
+    rs = rule.init(x0, x0, **call_kwargs(rule.init, hyper))
     hand = jax.jit(one_step)
     hand_jaxpr = jax.make_jaxpr(one_step)(x0, rs, random.PRNGKey(0))
     return dict(
@@ -408,7 +409,7 @@ def decompose(spec, X, y, steps, repeats):
     state0 = kernel.init(random.PRNGKey(0), 0, None, (X, y), {})
     _, one_step = make_scan_chain(rule, hyper, step_size, X, y, steps)
     x0 = jnp.zeros(X.shape[1])
-    rs0 = rule.init(x0, x0 + 1.0, **hyper)
+    rs0 = rule.init(x0, x0 + 1.0, **call_kwargs(rule.init, hyper))
 
     def ours(collect):
         def body(state, _):
@@ -495,7 +496,7 @@ def torch_hand_rate(rule, hyper, step_size, X, y, steps, seed=0):
     N, d = X.shape
     generator = torch.Generator().manual_seed(seed)
     x = torch.zeros(d)
-    state = rule.init(x, torch.randn(d, generator=generator), **hyper)
+    state = rule.init(x, torch.randn(d, generator=generator), **call_kwargs(rule.init, hyper))
     out = torch.empty(steps, d)
 
     def gradient(idx):

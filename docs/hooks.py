@@ -22,11 +22,12 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _forwarded_options():
-    """The keyword options of the kernels' base classes, which subclasses take through ``**kwargs``."""
-    from ppl_sgmcmc.numpyro import SGMCMCKernel
+    """The keyword options of the algorithms' and the kernels' base classes, which subclasses take through
+    ``**kwargs``."""
+    from ppl_sgmcmc.algorithms import Algorithm
     from ppl_sgmcmc.pyro import SGMCMCKernel as PyroSGMCMCKernel
 
-    bases = [SGMCMCKernel, PyroSGMCMCKernel]
+    bases = [Algorithm, PyroSGMCMCKernel]
     names = set()
     for base in bases:
         names |= {

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy
+import numpy.typing
+from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    import scipy.sparse
 
 A9A_PATH = Path(__file__).parent / "data" / "a9a.npz"
 
 
-def load_a9a(dtype=numpy.float32):
+def load_a9a(
+    dtype: numpy.typing.DTypeLike = numpy.float32,
+) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, numpy.ndarray]:
     """Load the LIBSVM a9a data set (UCI Adult, binarised) from the bundled npz.
 
     Returns ``(X_train, y_train, X_test, y_test)`` as numpy arrays:
@@ -51,7 +60,14 @@ class Corpus:
     * :meth:`matrix` the sparse document-word count matrix (``scipy.sparse.csr_matrix``).
     """
 
-    def __init__(self, doc_sizes, word_ids, counts, vocab, titles=None):
+    def __init__(
+        self,
+        doc_sizes: ArrayLike,
+        word_ids: ArrayLike,
+        counts: ArrayLike,
+        vocab: Iterable[str],
+        titles: Iterable[str] | None = None,
+    ) -> None:
         self.word_ids = numpy.asarray(word_ids, dtype=numpy.int64)
         self.counts = numpy.asarray(counts, dtype=numpy.int64)
         self.offsets = numpy.concatenate([[0], numpy.cumsum(numpy.asarray(doc_sizes, dtype=numpy.int64))])
@@ -61,16 +77,16 @@ class Corpus:
         self.vocab_size = len(self.vocab)
         self.num_tokens = int(self.counts.sum())
 
-    def tokens(self, d):
+    def tokens(self, d: int) -> numpy.ndarray:
         """The word ids of document ``d``'s tokens (a word counted ``c`` times appears ``c`` times in a row)."""
         pairs = slice(self.offsets[d], self.offsets[d + 1])
         return numpy.repeat(self.word_ids[pairs], self.counts[pairs])
 
-    def lengths(self):
+    def lengths(self) -> numpy.ndarray:
         """The number of tokens of every document."""
         return numpy.add.reduceat(self.counts, self.offsets[:-1])
 
-    def matrix(self, docs=None):
+    def matrix(self, docs: ArrayLike | None = None) -> scipy.sparse.csr_matrix:
         """The ``(len(docs), vocab_size)`` document-word count matrix of ``docs`` (default: all), CSR."""
         import scipy.sparse
 
@@ -81,11 +97,11 @@ class Corpus:
         return full if docs is None else full[numpy.asarray(docs)]
 
 
-def _unpack_text(array):
+def _unpack_text(array: ArrayLike) -> list[str]:
     return bytes(numpy.asarray(array, dtype=numpy.uint8)).decode("utf-8").split("\n")
 
 
-def load_corpus(name):
+def load_corpus(name: str) -> Corpus:
     """Load a bundled bag-of-words corpus: ``"ap"`` (Blei's AP news, 2246 documents, vocabulary 10473,
     435838 tokens) or ``"reuters"`` (the ``lda`` package's Reuters sample, 395 documents, vocabulary 4258,
     84010 tokens, with titles). Returns a :class:`Corpus`.

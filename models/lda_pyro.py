@@ -7,9 +7,11 @@ kernels of :mod:`ppl_sgmcmc.pyro` with local Gibbs sites (:mod:`ppl_sgmcmc.pyro.
                    gibbs_init=make_gibbs_init(words, mask, parametrisation="expanded"), gibbs_sweeps=(3, 2))
     MCMC(kernel, warmup_steps=..., num_samples=...).run(words, mask, vocab_size=V, parametrisation="expanded")
 
-See :mod:`models.lda` for the model's equations, the Fisher-identity gradient and the evaluation;
-the data preparation (:func:`models.lda.prepare_corpus`), held-out perplexity and top words there
-take the topics of either backend (``topic_word(samples["theta"])``).
+See :mod:`models.lda` for the model's equations and the Fisher-identity gradient. The data preparation
+(:func:`models.lda_common.prepare_corpus`), the top words (:func:`models.lda_common.top_words`) and the
+held-out perplexity (:mod:`models.lda_evaluation`) take the topics of either backend
+(``topic_word(samples["theta"])``); ``python -m models.run_lda --backend pyro`` runs this declaration
+from the command line (:mod:`models.run_lda`).
 
 Only the arithmetic is written again here, in torch: the two distributions and the collapsed-Gibbs
 sweep, whose positions run in a Python loop (vectorised over the minibatch's documents) where the
@@ -17,13 +19,17 @@ JAX version uses ``lax.fori_loop``. ``tests/models/test_lda_pyro.py`` checks eac
 version.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 from pyro.distributions.torch_distribution import TorchDistribution
 
-from models.lda import PARAMETRISATIONS
+from models.lda_common import PARAMETRISATIONS
 
 __all__ = [
     "CollapsedTopicAssignments",
@@ -33,11 +39,12 @@ __all__ = [
     "make_gibbs_fn",
     "make_gibbs_init",
     "topic_columns",
+    "topic_counts",
     "topic_word",
 ]
 
 
-def topic_counts(z, mask, num_topics):
+def topic_counts(z: torch.Tensor, mask: torch.Tensor, num_topics: int) -> torch.Tensor:
     """``n_dk``: the number of unmasked tokens of each document assigned to each topic, shape ``(..., K)``."""
     one_hot = torch.nn.functional.one_hot(z.long(), num_topics).to(torch.get_default_dtype())
     return (one_hot * mask[..., None]).sum(-2)
@@ -49,7 +56,13 @@ class CollapsedTopicAssignments(TorchDistribution):
 
     arg_constraints = {"concentration": constraints.positive}
 
-    def __init__(self, concentration, num_topics, mask, validate_args=None):
+    def __init__(
+        self,
+        concentration: float | torch.Tensor,
+        num_topics: int,
+        mask: torch.Tensor,
+        validate_args: bool | None = None,
+    ) -> None:
         self.concentration = torch.as_tensor(concentration, dtype=torch.get_default_dtype())
         self.num_topics = int(num_topics)
         self.mask = torch.as_tensor(mask, dtype=torch.bool)
@@ -59,7 +72,7 @@ class CollapsedTopicAssignments(TorchDistribution):
     def support(self):
         return constraints.independent(constraints.integer_interval(0, self.num_topics - 1), 1)
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
         """Proportions ``θ_d ~ Dirichlet(α)`` (from log-Gamma draws, stable for small ``α``), then ``z_di ~ θ_d``."""
         shape = torch.Size(sample_shape) + self.batch_shape
         gamma = torch.distributions.Gamma(self.concentration + 1, 1.0).sample(shape + (self.num_topics,))
@@ -69,7 +82,7 @@ class CollapsedTopicAssignments(TorchDistribution):
         z = torch.distributions.Categorical(probs=probs).sample()
         return torch.where(self.mask, z, torch.zeros_like(z))
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         alpha, num_topics = self.concentration, self.num_topics
         counts = topic_counts(value, self.mask, num_topics)
         length = self.mask.sum(-1).to(counts.dtype)
@@ -87,7 +100,13 @@ class TopicWords(TorchDistribution):
 
     arg_constraints = {}
 
-    def __init__(self, topics, assignments, mask, validate_args=None):
+    def __init__(
+        self,
+        topics: torch.Tensor,
+        assignments: torch.Tensor,
+        mask: torch.Tensor,
+        validate_args: bool | None = None,
+    ) -> None:
         self.topics = topics
         self.assignments = assignments
         self.mask = torch.as_tensor(mask, dtype=torch.bool)
@@ -98,32 +117,32 @@ class TopicWords(TorchDistribution):
     def support(self):
         return constraints.independent(constraints.integer_interval(0, self.topics.shape[-1] - 1), 1)
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
         words = torch.distributions.Categorical(probs=self.topics[self.assignments.long()]).sample(sample_shape)
         return torch.where(self.mask, words, torch.zeros_like(words))
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         probs = self.topics[self.assignments.long(), value.long()]
         return torch.where(self.mask, probs.log(), torch.zeros_like(probs)).sum(-1)
 
 
-def topic_word(theta, parametrisation="gaussian"):
+def topic_word(theta: torch.Tensor, parametrisation: str = "gaussian") -> torch.Tensor:
     """The topics ``π`` (rows on the simplex) from the topic parameters ``θ`` (``(..., K, V)``)."""
     weights = theta.abs() if parametrisation == "gaussian" else theta
     return weights / weights.sum(-1, keepdim=True)
 
 
 def lda_model(
-    words,
-    mask,
-    vocab_size,
-    num_topics=30,
-    alpha=0.1,
-    parametrisation="gaussian",
-    beta=0.1,
-    prior_mean=0.1,
-    batch_size=5,
-):
+    words: torch.Tensor,
+    mask: torch.Tensor,
+    vocab_size: int,
+    num_topics: int = 30,
+    alpha: float = 0.1,
+    parametrisation: str = "gaussian",
+    beta: float = 0.1,
+    prior_mean: float = 0.1,
+    batch_size: int = 5,
+) -> None:
     """Semi-collapsed LDA on padded documents ``words`` (``(D, L)`` word ids) with ``mask``; the
     arguments of :func:`models.lda.lda_model`."""
     num_docs = words.shape[0]
@@ -142,7 +161,9 @@ def lda_model(
         pyro.sample("words", TopicWords(topics, z, batch_mask), obs=batch_words)
 
 
-def collapsed_gibbs_sweep(generator, z, word_probs, mask, alpha):
+def collapsed_gibbs_sweep(
+    generator: torch.Generator, z: torch.Tensor, word_probs: torch.Tensor, mask: torch.Tensor, alpha: float
+) -> torch.Tensor:
     """One sequential collapsed-Gibbs sweep over the tokens of a batch of documents, as
     :func:`models.lda.collapsed_gibbs_sweep`: token ``i`` of document ``d`` is redrawn from
     ``p(z_di = k | z_d,-i, w) ∝ (n_dk^{-di} + α) π_{k,w_di}`` by inverting the CDF at a uniform of
@@ -166,13 +187,20 @@ def collapsed_gibbs_sweep(generator, z, word_probs, mask, alpha):
     return z_t.T.to(z.dtype)
 
 
-def topic_columns(theta, words, parametrisation="gaussian"):
+def topic_columns(theta: torch.Tensor, words: torch.Tensor, parametrisation: str = "gaussian") -> torch.Tensor:
     """``π_{k, w_di}`` for the tokens ``words`` (``(n, L)``), shape ``(n, L, K)``, without forming all of ``π``."""
     weights = theta.abs() if parametrisation == "gaussian" else theta
     return torch.movedim(weights[:, words.long()], 0, -1) / weights.sum(-1)
 
 
-def make_gibbs_fn(words, mask, alpha=0.1, parametrisation="gaussian", plate="documents", site="z"):
+def make_gibbs_fn(
+    words: torch.Tensor,
+    mask: torch.Tensor,
+    alpha: float = 0.1,
+    parametrisation: str = "gaussian",
+    plate: str = "documents",
+    site: str = "z",
+) -> Callable[[torch.Generator, dict, dict, dict], dict]:
     """The collapsed-Gibbs conditional of the topic assignments as a ``gibbs_fn``: one sweep over the
     minibatch's documents given the topics of ``hmc_sites["theta"]`` (:func:`models.lda.make_gibbs_fn`)."""
     words, mask = torch.as_tensor(words), torch.as_tensor(mask, dtype=torch.bool)
@@ -185,7 +213,13 @@ def make_gibbs_fn(words, mask, alpha=0.1, parametrisation="gaussian", plate="doc
     return gibbs_fn
 
 
-def make_gibbs_init(words, mask, parametrisation="gaussian", plate="documents", site="z"):
+def make_gibbs_init(
+    words: torch.Tensor,
+    mask: torch.Tensor,
+    parametrisation: str = "gaussian",
+    plate: str = "documents",
+    site: str = "z",
+) -> Callable[[torch.Generator, dict, dict, dict], dict]:
     """The sweeps' starting point as a ``gibbs_init``: each token's topic drawn from
     ``p(z_di = k | w_di, π) ∝ π_{k, w_di}`` (:func:`models.lda.make_gibbs_init`)."""
     words, mask = torch.as_tensor(words), torch.as_tensor(mask, dtype=torch.bool)

@@ -1,29 +1,35 @@
 """Bayesian logistic regression on a9a with SG-MCMC: the README's main job.
 
-The model (paper 000, Li et al. AAAI 2016, §5.3 / Table 2): weights ``w ~ N(0, 10 I)``, labels
+The model is that of Li, Chen, Fan & Carin, "High-Order Stochastic Gradient Thermostats for Bayesian
+Learning of Deep Models" (AAAI 2016), §5.3 / Table 2: weights ``w ~ N(0, 10 I)``, labels
 ``y_i ~ Bernoulli(sigmoid(x_iᵀ w))``, the likelihood in a plate subsampled to ``batch_size`` rows.
 
 Run ``python -m models.logistic_regression --help`` for the options. The defaults (four chains of
 mSGNHT-S, minibatch 100, h = 0.01, 2000 burn-in and 20000 kept steps thinned by 20) run longer than
-the paper's (minibatch 10, 300 burn-in steps, 3000 steps, thinning 50: pass ``--batch-size 10
+Li et al.'s settings (minibatch 10, 300 burn-in steps, 3000 steps, thinning 50: pass ``--batch-size 10
 --step-size 1e-3 --num-warmup 300 --num-samples 3000 --thinning 50``), whose chains have not
-converged by ArviZ's diagnostics. The run prints the test accuracy next to the paper's, an ArviZ
-summary and PSIS-LOO, and writes the InferenceData (netCDF) and a trace plot (PNG).
+converged by ArviZ's diagnostics. The run prints the test accuracy next to the one Li et al. report
+(:data:`PAPER_ACCURACY`), an ArviZ summary and PSIS-LOO, and writes the InferenceData (netCDF) and a
+trace plot (PNG).
 """
+
+from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
+from jax.typing import ArrayLike
 from numpyro.infer import MCMC
 
 from models.datasets import load_a9a
 
-PAPER_ACCURACY = {  # paper 000, Table 2
+PAPER_ACCURACY = {  # Li, Chen, Fan & Carin (AAAI 2016), Table 2: test accuracy on a9a
     ("SGNHT", "splitting"): 0.8495,
     ("SGNHT", "euler"): 0.8472,
     ("SGHMC", "splitting"): 0.8456,
@@ -31,7 +37,7 @@ PAPER_ACCURACY = {  # paper 000, Table 2
 }
 
 
-def model(X, y=None, batch_size=100):
+def model(X: ArrayLike, y: ArrayLike | None = None, batch_size: int = 100) -> None:
     """Bayesian logistic regression with a ``N(0, 10)`` prior, minibatched over the rows of ``X``."""
     w = numpyro.sample("w", dist.Normal(0.0, 10**0.5).expand([X.shape[1]]).to_event(1))
     with numpyro.plate("data", X.shape[0], subsample_size=batch_size):
@@ -40,13 +46,14 @@ def model(X, y=None, batch_size=100):
         numpyro.sample("y", dist.Bernoulli(logits=Xb @ w), obs=yb)
 
 
-def predictive_accuracy(w, X, y):
+def predictive_accuracy(w: jax.Array, X: ArrayLike, y: ArrayLike) -> float:
     """Accuracy of the posterior predictive ``mean_s sigmoid(x w_s) > 1/2`` on ``(X, y)``."""
     probability = jax.nn.sigmoid(X @ w.T).mean(axis=1)
     return float(jnp.mean((probability > 0.5) == y))
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command line (``python -m models.logistic_regression --help``)."""
     import arviz as az
     import matplotlib
 
@@ -93,7 +100,7 @@ def main(argv=None):
     paper = PAPER_ACCURACY[(args.kernel, args.integrator)]
     label = f"{args.kernel}-{args.integrator}, h={args.step_size:g}, minibatch {args.batch_size}"
     print(f"\n{label}: {seconds:.1f} s for {args.num_chains} chains × {args.num_warmup + args.num_samples} steps")
-    print(f"test accuracy {accuracy:.2%}   (paper 000, Table 2: {paper:.2%})")
+    print(f"test accuracy {accuracy:.2%}   (Li et al. 2016, Table 2: {paper:.2%})")
     print(f"rejected non-finite steps: {int(mcmc.last_state.num_diverging.sum())}")
 
     idata = sg.to_inference_data(mcmc)

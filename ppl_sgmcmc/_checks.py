@@ -37,6 +37,23 @@ def step_size(value, kernel):
     return positive("step_size", value, kernel)
 
 
+def first_step_size(value, kernel):
+    """The step size of step 0 (a schedule's first value): positive (``inf`` is SGFS's ``α = 0``)."""
+    h = float(value)
+    if not h > 0:
+        raise ValueError(
+            f"{kernel}: the step size at step 0 is {h!r}; it must be a positive number. Check the `step_size` "
+            "schedule."
+        )
+
+
+def schedule_or(check, name, value, kernel):
+    """A schedule (a callable of the step index), or a value that passes ``check(name, value, kernel)``."""
+    if callable(value):
+        return value
+    return check(name, value, kernel)
+
+
 def positive_int(name, value, kernel):
     """A strictly positive integer."""
     if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:

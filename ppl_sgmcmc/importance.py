@@ -2,8 +2,11 @@
 
 Backend-neutral: works on any ``InferenceData`` whose ``sample_stats`` holds a per-draw
 ``log_weight`` (shape ``(chain, draw)``), as the CSGLD/CSGHMC kernels of both backends provide (the
-samples follow a flattened density ``ϖ``; ``w ∝ π/ϖ`` restores the posterior ``π``; Deng, Lin &
-Liang, NeurIPS 2020). The weights are known up to a constant and are self-normalised:
+samples follow a flattened density ``ϖ``; ``w ∝ π/ϖ`` restores the posterior ``π``: W. Deng, G. Lin and
+F. Liang, *A Contour Stochastic Gradient Langevin Dynamics Algorithm for Simulations of Multi-modal
+Distributions*, NeurIPS 2020; the algorithm and its weights are described on the *CSGLD and CSGHMC*
+page of the documentation, ``docs/src/algorithms/csgld.md``). The weights are known up to a constant and
+are self-normalised:
 
 - ``pool=False`` (default): **per chain**. Each chain's weights sum to ``1/C`` (``C`` chains), so an
   estimate is the plain average of the ``C`` per-chain self-normalised estimates. Each chain learns its
@@ -16,10 +19,15 @@ Liang, NeurIPS 2020). The weights are known up to a constant and are self-normal
 :func:`weighted_mean` and :func:`weighted_expectation` give estimates; :func:`resample` turns the run
 into ordinary, unweighted ``InferenceData`` whose draws follow ``π``, so that every ArviZ function
 (``summary``, ``ess``, ``rhat``, ``plot_*``, ``loo`` where a log-likelihood group exists) applies;
-:func:`weight_ess` is Kish's effective sample size ``(Σw)² / Σw²`` of the normalised weights.
+:func:`weight_ess` is Kish's effective sample size ``(Σw)² / Σw²`` of the normalised weights (L. Kish,
+*Survey Sampling*, Wiley 1965).
 """
 
+from __future__ import annotations
+
 import warnings
+from collections.abc import Callable, Iterable
+from typing import Literal
 
 import arviz as az
 import numpy as np
@@ -28,7 +36,7 @@ import xarray as xr
 __all__ = ["normalized_weights", "resample", "weight_ess", "weighted_expectation", "weighted_mean"]
 
 
-def _log_weights(idata, log_weight):
+def _log_weights(idata: az.InferenceData, log_weight: str) -> xr.DataArray:
     if not hasattr(idata, "sample_stats") or log_weight not in idata.sample_stats:
         raise KeyError(
             f"no `{log_weight}` in `sample_stats`: expected the InferenceData of a run whose kernel records "
@@ -42,7 +50,7 @@ def _log_weights(idata, log_weight):
     return lw.transpose("chain", "draw")
 
 
-def normalized_weights(idata, pool=False, log_weight="log_weight"):
+def normalized_weights(idata: az.InferenceData, pool: bool = False, log_weight: str = "log_weight") -> xr.DataArray:
     """The self-normalised importance weights, a ``(chain, draw)`` DataArray summing to 1 in all.
 
     ``pool=False``: each chain's weights sum to ``1/C``; ``pool=True``: normalised over all draws
@@ -72,13 +80,16 @@ def normalized_weights(idata, pool=False, log_weight="log_weight"):
     return w / w.sum("draw") / lw.sizes["chain"]
 
 
-def weight_ess(idata, pool=False, by_chain=False, log_weight="log_weight"):
+def weight_ess(
+    idata: az.InferenceData, pool: bool = False, by_chain: bool = False, log_weight: str = "log_weight"
+) -> float | xr.DataArray:
     """Kish's effective sample size ``(Σw)² / Σw²`` of the normalised weights.
 
     It measures only the loss from unequal weights (a run of ``n`` independent, equally weighted draws
     has ``n``); the chain's autocorrelation lowers the effective size further, which ArviZ's ``ess``
     of the :func:`resample`-d draws accounts for.
 
+    :param idata: ``InferenceData`` with ``sample_stats[log_weight]`` of dims ``(chain, draw)``.
     :param pool: the weights as normalised with ``pool`` (see :func:`normalized_weights`).
     :param by_chain: each chain's own ESS instead of one number.
     :param log_weight: the name of the log weights in ``sample_stats``.
@@ -102,9 +113,17 @@ def weight_ess(idata, pool=False, by_chain=False, log_weight="log_weight"):
     return float(1.0 / (w**2).sum())
 
 
-def weighted_expectation(idata, fn=None, var_names=None, pool=False, group="posterior", log_weight="log_weight"):
+def weighted_expectation(
+    idata: az.InferenceData,
+    fn: Callable[[xr.Dataset], xr.Dataset | xr.DataArray] | None = None,
+    var_names: Iterable[str] | None = None,
+    pool: bool = False,
+    group: str = "posterior",
+    log_weight: str = "log_weight",
+) -> xr.Dataset | xr.DataArray:
     """Importance-weighted posterior expectation ``Σ w f(draw)`` with normalised weights.
 
+    :param idata: ``InferenceData`` with ``sample_stats[log_weight]`` and the group ``group``.
     :param fn: maps the group's Dataset to a Dataset or DataArray with ``chain`` and ``draw`` dims
         (e.g. ``lambda post: post["x"] < 0`` for a probability); default the identity.
     :param var_names: restrict the group to these variables first.
@@ -129,8 +148,16 @@ def weighted_expectation(idata, fn=None, var_names=None, pool=False, group="post
     return (values * w).sum(("chain", "draw"))
 
 
-def weighted_mean(idata, var_names=None, pool=False, group="posterior", log_weight="log_weight"):
+def weighted_mean(
+    idata: az.InferenceData,
+    var_names: Iterable[str] | None = None,
+    pool: bool = False,
+    group: str = "posterior",
+    log_weight: str = "log_weight",
+) -> xr.Dataset:
     """Importance-weighted posterior means of the group's variables (a Dataset).
+
+    ``weighted_expectation(idata, None, ...)``: the arguments are those of :func:`weighted_expectation`.
 
     **Example** (draws of ``N(0, 1)`` reweighted to ``N(1, 1)``, ``w ∝ exp(x - 1/2)``)::
 
@@ -143,14 +170,21 @@ def weighted_mean(idata, var_names=None, pool=False, group="posterior", log_weig
     return weighted_expectation(idata, None, var_names, pool, group, log_weight)
 
 
-def _systematic(weights, num, u):
+def _systematic(weights: np.ndarray, num: int, u: float) -> np.ndarray:
     """``num`` sorted indices drawn by systematic resampling with offset ``u ∈ [0, 1)``."""
     cdf = np.cumsum(weights)
     cdf /= cdf[-1]
     return np.minimum(np.searchsorted(cdf, (u + np.arange(num)) / num, side="right"), len(weights) - 1)
 
 
-def resample(idata, num_draws=None, seed=None, method="systematic", pool=False, log_weight="log_weight"):
+def resample(
+    idata: az.InferenceData,
+    num_draws: int | None = None,
+    seed: int | np.random.Generator | None = None,
+    method: Literal["systematic", "multinomial"] = "systematic",
+    pool: bool = False,
+    log_weight: str = "log_weight",
+) -> az.InferenceData:
     """Importance resampling: ordinary ``InferenceData`` whose draws follow the original posterior.
 
     For each chain (``pool=False``, default), ``num_draws`` (default: the chain's number of draws)
@@ -167,6 +201,15 @@ def resample(idata, num_draws=None, seed=None, method="systematic", pool=False, 
     The resampled ``sample_stats`` lose ``log_weight`` (the draws are now unweighted). The weights'
     Kish ESS (:func:`weight_ess`, per chain or pooled as used) is stored in the ``posterior`` group's
     attributes as ``importance_weight_ess``, and a warning is raised when it is below 10% of the draws.
+
+    :param idata: ``InferenceData`` with ``sample_stats[log_weight]`` of dims ``(chain, draw)``.
+    :param num_draws: draws per chain of the result (default: as many as the input has).
+    :param seed: a seed or a :class:`numpy.random.Generator` for the resampling.
+    :param method: ``"systematic"`` (default) or ``"multinomial"``.
+    :param pool: resample from all chains at once (see the module docstring).
+    :param log_weight: the name of the log weights in ``sample_stats``.
+    :return: unweighted ``InferenceData`` with the input's groups.
+    :raises ValueError: an unknown ``method`` or a ``num_draws`` below 1.
 
     **Example**::
 
@@ -188,7 +231,7 @@ def resample(idata, num_draws=None, seed=None, method="systematic", pool=False, 
         raise ValueError(f"resample: `num_draws` must be a positive integer, got {num_draws}.")
     rng = np.random.default_rng(seed)
 
-    def draw(weights, num):
+    def draw(weights: np.ndarray, num: int) -> np.ndarray:
         if method == "systematic":
             return _systematic(weights, num, rng.uniform())
         return rng.choice(len(weights), size=num, p=weights / weights.sum())

@@ -2,8 +2,19 @@
 
 Any callable ``t -> h_t`` works as a kernel's ``step_size``, so optax's schedules
 (``optax.exponential_decay``, ``optax.cosine_decay_schedule``, ...) can be passed unchanged;
-the three below are the ones the SG-MCMC literature uses.
+the three below are the ones the SG-MCMC literature uses. Choosing a step size: the *Step sizes* page of
+the user guide (``docs/src/user-guide/step-sizes.md``).
+
+References:
+
+* M. Welling and Y. W. Teh. *Bayesian Learning via Stochastic Gradient Langevin Dynamics.* ICML 2011.
+* C. Chen, N. Ding and L. Carin. *On the Convergence of Stochastic Gradient MCMC Algorithms with
+  High-Order Integrators.* NeurIPS 2015.
+* R. Zhang, C. Li, J. Zhang, C. Chen and A. G. Wilson. *Cyclical Stochastic Gradient MCMC for Bayesian
+  Deep Learning.* ICLR 2020.
 """
+
+from __future__ import annotations
 
 import math
 
@@ -13,8 +24,11 @@ import optax
 __all__ = ["constant", "cyclical", "polynomial"]
 
 
-def constant(step_size):
+def constant(step_size: float) -> optax.Schedule:
     """``h_t = h`` (optax's :func:`optax.constant_schedule`).
+
+    :param step_size: ``h``.
+    :return: the schedule ``t -> h``.
 
     **Example**::
 
@@ -24,9 +38,14 @@ def constant(step_size):
     return optax.constant_schedule(step_size)
 
 
-def polynomial(a, b, gamma):
-    """``h_t = a (b + t)^(-γ)`` (Welling & Teh 2011), with ``γ ∈ (0.5, 1]`` for consistency of SGLD;
-    the optimal decay is ``t^(-1/(K+1))`` for a ``K``-th order integrator (Chen et al. 2015).
+def polynomial(a: float, b: float, gamma: float) -> optax.Schedule:
+    """``h_t = a (b + t)^(-γ)`` (Welling & Teh, ICML 2011), with ``γ ∈ (0.5, 1]`` for consistency of SGLD;
+    the optimal decay is ``t^(-1/(K+1))`` for a ``K``-th order integrator (Chen, Ding & Carin, NeurIPS 2015).
+
+    :param a: the scale ``a > 0``.
+    :param b: the offset ``b > 0`` (``h_0 = a b^(-γ)``).
+    :param gamma: the decay exponent ``γ >= 0``.
+    :return: the schedule ``t -> h_t``.
 
     **Example** (``SGLD(model, step_size=polynomial(1e-2, 10.0, 0.55))``)::
 
@@ -41,9 +60,14 @@ def polynomial(a, b, gamma):
     return lambda t: a * (b + t) ** (-gamma)
 
 
-def cyclical(step_size, num_steps, num_cycles):
-    """Cosine cyclical schedule of Zhang et al. (ICLR 2020), restarting ``num_cycles`` times in
-    ``num_steps``: ``h_t = h/2 · (cos(π mod(t, L) / L) + 1)`` with ``L = ceil(num_steps / num_cycles)``.
+def cyclical(step_size: float, num_steps: int, num_cycles: int) -> optax.Schedule:
+    """Cosine cyclical schedule of Zhang, Li, Zhang, Chen & Wilson (ICLR 2020), restarting ``num_cycles``
+    times in ``num_steps``: ``h_t = h/2 · (cos(π mod(t, L) / L) + 1)`` with ``L = ceil(num_steps / num_cycles)``.
+
+    :param step_size: ``h``, the step size at the start of each cycle.
+    :param num_steps: the number of steps the cycles cover (warm-up included).
+    :param num_cycles: the number of cycles, ``0 < num_cycles <= num_steps``.
+    :return: the schedule ``t -> h_t``.
 
     **Example** (two cycles of 50 steps)::
 

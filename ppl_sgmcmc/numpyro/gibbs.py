@@ -51,6 +51,7 @@ full-data log-likelihood of an observed site that depends on them is not meaning
 """
 
 from functools import partial
+
 import jax
 import jax.numpy as jnp
 from jax import lax, random
@@ -59,6 +60,7 @@ from numpyro.infer.util import compute_log_probs, constrain_fn, initialize_model
 
 from ppl_sgmcmc import _checks
 from ppl_sgmcmc._checks import GibbsFnError  # noqa: F401  (re-exported: raised by the sweeps)
+from ppl_sgmcmc.algorithms import GibbsOptions
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.potential import ModelTarget, _values_and_deterministic
 
@@ -77,16 +79,13 @@ class GibbsTarget(ModelTarget):
         rng_key,
         replace,
         kernel_name,
-        gibbs_sites,
-        gibbs_fn,
-        gibbs_sweeps,
-        gibbs_init=None,
+        gibbs: GibbsOptions,
         constrained=False,
     ):
-        self.gibbs_sites = tuple(gibbs_sites)
-        self.gibbs_fn = gibbs_fn
-        self.gibbs_init = gibbs_init
-        self.burn_in, self.kept = gibbs_sweeps
+        self.gibbs_sites = tuple(gibbs.sites)
+        self.gibbs_fn = gibbs.fn
+        self.gibbs_init = gibbs.init
+        self.burn_in, self.kept = gibbs.sweeps
         super().__init__(model, model_args, model_kwargs, rng_key, replace, kernel_name, constrained=constrained)
 
     def _check_sites(self, model_trace):

@@ -5,31 +5,85 @@ is the model's full-data view, so ``log_likelihood``, ``observed_data`` and the 
 cover all ``N`` data points. :func:`to_inference_data` adds what a large data set needs: the
 pointwise log-likelihood computed a chunk of draws at a time (or skipped), and the sample
 statistics named for what they are.
+
+Posterior predictive draws need the full-data view too: :func:`predictive` is
+``numpyro.infer.Predictive(full_data(model), samples)`` for a run (NumPyro's ``Predictive`` on the
+subsampled model returns a random minibatch of rows per draw, and nothing can intercept that).
 """
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import arviz as az
 import jax
 import numpy as np
 import numpyro
+from numpyro.handlers import seed, trace
+from numpyro.infer import MCMC, Predictive
 from numpyro.infer import log_likelihood as numpyro_log_likelihood
 
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
 
-__all__ = ["to_inference_data", "full_data_log_likelihood"]
+__all__ = ["MAX_LOG_LIKELIHOOD_BYTES", "full_data_log_likelihood", "predictive", "to_inference_data"]
+
+MAX_LOG_LIKELIHOOD_BYTES = 2**30
+"""Default of ``max_log_likelihood_bytes``: the largest pointwise log-likelihood (1 GiB) that
+:func:`full_data_log_likelihood` and :func:`to_inference_data` compute before refusing."""
 
 
-def _check(mcmc):
+def _check(mcmc: MCMC) -> None:
     if not isinstance(mcmc.sampler, SGMCMCKernel) or mcmc.sampler.model is None:
         raise TypeError("expected an `MCMC` run with a ppl_sgmcmc kernel built from a model.")
 
 
-def full_data_log_likelihood(mcmc, chunk_size=256):
+def _local_sites(mcmc: MCMC, samples: dict[str, Any]) -> list[str]:
+    """The latent sample sites of the full-data model that are not among the samples: local Gibbs sites."""
+    model_trace = trace(seed(mcmc.sampler.model, 0)).get_trace(*mcmc._args, **mcmc._kwargs)
+    return [
+        name
+        for name, site in model_trace.items()
+        if site["type"] == "sample" and not site["is_observed"] and name not in samples
+    ]
+
+
+def _local_sites_message(local: Sequence[str]) -> str:
+    return (
+        f"the local Gibbs site(s) {list(local)} are not among the samples (a kernel keeps no local draws), and "
+        "the pointwise log-likelihood p(y_i | θ) needs them marginalised, which the kernel cannot do for a "
+        "general model"
+    )
+
+
+def _too_large(num_bytes: int, limit: int, num_chains: int, num_draws: int, sizes: dict[str, int]) -> str:
+    values = " + ".join(f"{size} ({name!r})" for name, size in sizes.items())
+    return (
+        f"the pointwise log-likelihood would take {num_bytes / 2**30:.2f} GiB ({num_chains} chains × {num_draws} "
+        f"draws × {values} values), above max_log_likelihood_bytes={limit}. Pass log_likelihood=False, keep "
+        "fewer draws (a larger `thinning` or `steps_per_sample`, fewer `num_samples`, or thin the samples "
+        "yourself), or raise max_log_likelihood_bytes."
+    )
+
+
+def full_data_log_likelihood(
+    mcmc: MCMC, chunk_size: int = 256, max_log_likelihood_bytes: int = MAX_LOG_LIKELIHOOD_BYTES
+) -> dict[str, np.ndarray]:
     """Pointwise log-likelihood of every observed site on all of its data, for every draw.
 
+    The result is allocated once and filled ``chunk_size`` draws at a time, so the peak memory is the
+    result plus one chunk's evaluation.
+
     :param mcmc: a finished :class:`numpyro.infer.MCMC` run of an SG-MCMC kernel.
-    :param int chunk_size: draws evaluated at once; bounds the peak memory to about
-        ``chunk_size × N`` floats beyond the result.
+    :param int chunk_size: draws evaluated at once; bounds the memory beyond the result to about
+        ``chunk_size × N`` floats (times the model's intermediates).
+    :param int max_log_likelihood_bytes: refuse (``ValueError``, saying what to do) when the result would
+        be larger than this; default :data:`MAX_LOG_LIKELIHOOD_BYTES` (1 GiB).
     :return: ``{site: array of shape (num_chains, num_draws, *site_shape)}`` (NumPy).
+    :raises ValueError: if the result is too large, or the run has local Gibbs sites (the log-likelihood
+        would need them marginalised; :func:`to_inference_data` then leaves it out with a warning).
 
     **Example** (100 data points, minibatches of 10: the log-likelihood covers all 100)::
 
@@ -44,32 +98,53 @@ def full_data_log_likelihood(mcmc, chunk_size=256):
         >>> mcmc.run(jax.random.PRNGKey(0), jnp.zeros(100))
         >>> full_data_log_likelihood(mcmc, chunk_size=8)["y"].shape
         (1, 20, 100)
+        >>> full_data_log_likelihood(mcmc, max_log_likelihood_bytes=1000)
+        Traceback (most recent call last):
+        ...
+        ValueError: the pointwise log-likelihood would take 0.00 GiB (1 chains × 20 draws × 100 ('y') values), above max_log_likelihood_bytes=1000. Pass log_likelihood=False, ...
     """
     _check(mcmc)
     samples = mcmc.get_samples(group_by_chain=True)
+    local = _local_sites(mcmc, samples)
+    if local:
+        raise ValueError(f"full_data_log_likelihood: {_local_sites_message(local)}.")
     num_chains, num_draws = jax.tree.leaves(samples)[0].shape[:2]
-    flat = jax.tree.map(lambda x: x.reshape((num_chains * num_draws,) + x.shape[2:]), samples)
+    total = num_chains * num_draws
+    flat = jax.tree.map(lambda x: x.reshape((total,) + x.shape[2:]), samples)
     evaluate = jax.jit(lambda s: numpyro_log_likelihood(mcmc.sampler.model, s, *mcmc._args, **mcmc._kwargs))
-    chunks = []
-    for start in range(0, num_chains * num_draws, chunk_size):
-        chunk = jax.tree.map(lambda x: x[start : start + chunk_size], flat)
-        chunks.append(jax.device_get(evaluate(chunk)))
-    return {
-        name: np.concatenate([c[name] for c in chunks]).reshape((num_chains, num_draws) + chunks[0][name].shape[1:])
-        for name in chunks[0]
-    }
+    shapes = jax.eval_shape(evaluate, jax.tree.map(lambda x: x[:1], flat))  # no evaluation
+    sizes = {name: math.prod(shape.shape[1:]) for name, shape in shapes.items()}
+    num_bytes = sum(total * sizes[name] * np.dtype(shape.dtype).itemsize for name, shape in shapes.items())
+    if num_bytes > max_log_likelihood_bytes:
+        raise ValueError(_too_large(num_bytes, max_log_likelihood_bytes, num_chains, num_draws, sizes))
+    out = {name: np.empty((total,) + shape.shape[1:], np.dtype(shape.dtype)) for name, shape in shapes.items()}
+    for start in range(0, total, chunk_size):
+        chunk = jax.tree.map(lambda x, start=start: x[start : start + chunk_size], flat)
+        for name, values in evaluate(chunk).items():
+            out[name][start : start + chunk_size] = np.asarray(values)
+    return {name: values.reshape((num_chains, num_draws) + values.shape[1:]) for name, values in out.items()}
 
 
-def to_inference_data(mcmc, log_likelihood=True, chunk_size=256, **kwargs):
+def to_inference_data(
+    mcmc: MCMC,
+    log_likelihood: bool = True,
+    chunk_size: int = 256,
+    max_log_likelihood_bytes: int = MAX_LOG_LIKELIHOOD_BYTES,
+    **kwargs: Any,
+) -> az.InferenceData:
     """``arviz.from_numpyro`` for SG-MCMC runs.
 
     - ``log_likelihood``: the full-data pointwise log-likelihood, computed ``chunk_size`` draws at a
-      time (see :func:`full_data_log_likelihood`); ``False`` skips it (for very large ``N``).
+      time into a preallocated array (see :func:`full_data_log_likelihood`); ``False`` skips it (for very
+      large ``N``). Above ``max_log_likelihood_bytes`` (default 1 GiB) it refuses with a ``ValueError``
+      that says what to do. A run with local Gibbs sites (``gibbs_sites=``) gets no log-likelihood, with a
+      warning: it would need the local sites, which are not among the samples, marginalised.
     - ``sample_stats.lp`` (ArviZ's name for ``-potential_energy``) is renamed ``minibatch_lp``: it is
       the noisy minibatch estimate ``-Ũ_t``, not the log density.
     - ``sample_stats.diverging`` marks the rejected non-finite steps among the collected draws.
 
-    Other keyword arguments go to :func:`arviz.from_numpyro` (``coords``, ``dims``, ...).
+    Other keyword arguments go to :func:`arviz.from_numpyro` (``coords``, ``dims``,
+    ``posterior_predictive=`` :func:`predictive` ``(mcmc, key, X)``, ...).
 
     **Example**::
 
@@ -87,13 +162,64 @@ def to_inference_data(mcmc, log_likelihood=True, chunk_size=256, **kwargs):
         ((1, 100, 1000), True)
     """
     _check(mcmc)
+    if log_likelihood:
+        local = _local_sites(mcmc, mcmc.get_samples())
+        if local:
+            warnings.warn(
+                f"to_inference_data: no log_likelihood group: {_local_sites_message(local)}. Pass "
+                "log_likelihood=False to silence this warning.",
+                UserWarning,
+                stacklevel=2,
+            )
+            log_likelihood = False
+    pointwise = full_data_log_likelihood(mcmc, chunk_size, max_log_likelihood_bytes) if log_likelihood else None
     idata = az.from_numpyro(mcmc, log_likelihood=False, **kwargs)
     if "lp" in idata.sample_stats:
         idata.sample_stats = idata.sample_stats.rename({"lp": "minibatch_lp"})
-    if log_likelihood:
-        pointwise = full_data_log_likelihood(mcmc, chunk_size)
+    if pointwise is not None:
         observed = idata.observed_data
         dims = {name: list(observed[name].dims) for name in pointwise}
         coords = {dim: observed[dim].values for name in pointwise for dim in observed[name].dims}
         idata.add_groups(log_likelihood=az.dict_to_dataset(pointwise, library=numpyro, dims=dims, coords=coords))
     return idata
+
+
+def predictive(
+    mcmc: MCMC, rng_key: jax.Array, *args: Any, return_sites: Sequence[str] | None = None, **kwargs: Any
+) -> dict[str, jax.Array]:
+    """Posterior predictive draws of a run on the model's full data:
+    ``numpyro.infer.Predictive(full_data(model), mcmc.get_samples())(rng_key, *args, **kwargs)``.
+
+    Call it as you would call the model, without the observations (``predictive(mcmc, key, X_new)``
+    for ``model(X, y=None)``). Every row of ``X_new`` gets a replicate per draw; NumPyro's
+    ``Predictive(model, samples)`` on the *subsampled* model would return a random minibatch of rows
+    per draw instead, silently.
+
+    :param mcmc: a finished :class:`numpyro.infer.MCMC` run of an SG-MCMC kernel.
+    :param rng_key: the random key of the predictive draws.
+    :param args: the model's positional arguments (new data, or the run's).
+    :param return_sites: the sites to return; default: the sample sites that are not among the
+        samples (the observed ones) and the deterministic sites (NumPyro's default).
+    :param kwargs: the model's keyword arguments.
+    :return: ``{site: array of shape (num_chains × num_draws, *site_shape)}``, as ``Predictive``
+        returns; ``to_inference_data(mcmc, posterior_predictive=...)`` and ``az.from_numpyro`` take it.
+
+    **Example** (a minibatch of 10 in the model; the predictive covers all 100 rows)::
+
+        >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+        >>> from numpyro.infer import MCMC
+        >>> from ppl_sgmcmc.numpyro import SGLD
+        >>> def model(x, y=None):
+        ...     w = numpyro.sample("w", dist.Normal(0, 10))
+        ...     with numpyro.plate("data", x.shape[0], subsample_size=10):
+        ...         xb = numpyro.subsample(x, event_dim=0)
+        ...         yb = numpyro.subsample(y, event_dim=0) if y is not None else None
+        ...         numpyro.sample("y", dist.Normal(w * xb, 1), obs=yb)
+        >>> x = jnp.linspace(-1, 1, 100)
+        >>> mcmc = MCMC(SGLD(model, step_size=1e-3), num_warmup=10, num_samples=20, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), x, 2 * x)
+        >>> predictive(mcmc, jax.random.PRNGKey(1), x)["y"].shape
+        (20, 100)
+    """
+    _check(mcmc)
+    return Predictive(mcmc.sampler.model, mcmc.get_samples(), return_sites=return_sites)(rng_key, *args, **kwargs)

@@ -4,20 +4,23 @@ An algorithm subclass names its update rule (a module of :mod:`ppl_sgmcmc.rules`
 validated hyper-parameters; everything else is here.
 """
 
+import warnings
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax, random, vmap
 from jax.flatten_util import ravel_pytree
+from numpyro.distributions import constraints
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from ppl_sgmcmc import _hyperparameters
-from ppl_sgmcmc.numpyro.handlers import full_data
+from ppl_sgmcmc import _checks, health
+from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.numpyro import gibbs
+from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors
 from ppl_sgmcmc.rules import has_momentum, refresh_momentum
 
@@ -32,11 +35,15 @@ class SGMCMCState(NamedTuple):
     - **potential_energy**: the *minibatch estimate* ``Ũ_t`` at the point where the step took its
       gradient; noisy and scaled to the full data, not the exact potential ``U``.
     - **step_size**: the step size ``h_i`` this step used.
-    - **diverging**: whether this step's gradient or new state was non-finite; the step was then
-      rejected: the chain kept its last finite position and rule state, except that a momentum is
-      redrawn (:func:`ppl_sgmcmc.rules.refresh_momentum`).
+    - **diverging**: whether this step's gradient, its new state or its step size was non-finite (or the
+      step size not positive); the step was then rejected: the chain returned to the last position
+      whose gradient was finite and kept its rule state, except that a momentum is redrawn
+      (:func:`ppl_sgmcmc.rules.refresh_momentum`).
     - **num_diverging**: the number of rejected steps so far.
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.numpyro.minibatch`).
+    - **gradient_state**: the gradient estimator's state (see :mod:`ppl_sgmcmc.gradients`).
+    - **finite_position**: the last (flat) position whose stochastic gradient was finite, where a rejected
+      step returns.
     - **rng_key**: the random key for the next step.
 
     **Example** (the state :meth:`SGMCMCKernel.init` returns)::
@@ -57,6 +64,8 @@ class SGMCMCState(NamedTuple):
     diverging: jax.Array
     num_diverging: jax.Array
     batch_state: NamedTuple
+    gradient_state: Any
+    finite_position: jax.Array
     rng_key: jax.Array
 
 
@@ -71,34 +80,16 @@ def _refresh_noise(key_noise, like):
     return random.normal(random.fold_in(key_noise, 1), like.shape, like.dtype)
 
 
-class SGMCMCKernel(MCMCKernel):
-    """Base class: an SG-MCMC algorithm as a :class:`numpyro.infer.MCMCKernel`.
+class SGMCMCKernel(Algorithm, MCMCKernel):
+    """Base class: an SG-MCMC algorithm (:mod:`ppl_sgmcmc.algorithms`) as a :class:`numpyro.infer.MCMCKernel`.
 
     Each call of :meth:`sample` draws a fresh minibatch for every subsampled plate of the model and
-    applies the subclass's update rule once, with one stochastic gradient ``∇Ũ_t``. Warm-up steps are
-    burn-in: they are discarded and nothing adapts (the step-size schedule runs on through them).
-
-    :param model: a NumPyro model; its plates with ``subsample_size`` set are subsampled.
-    :param potential_fn: instead of a model, an energy ``potential_fn(z)``, or ``potential_fn(z, rng_key)``
-        returning a stochastic estimate; needs ``init_params`` in :meth:`MCMC.run`.
-    :param step_size: ``h``: a positive float, or a schedule ``t -> h_t`` (see :mod:`ppl_sgmcmc.schedules`).
-    :param temperature: ``τ``; the target is ``exp(-U/τ)``.
-    :param replace: draw minibatch indices with replacement (default), or reshuffle each epoch.
-    :param steps_per_sample: SG-MCMC steps per call of :meth:`sample` (default 1), i.e. per draw that
-        ``MCMC`` counts and may keep: with ``k`` here, ``MCMC(num_warmup=W, num_samples=S)`` takes
-        ``k (W + S)`` steps and keeps every ``k``-th state. NumPyro's progress bar runs one Python
-        iteration per draw (about 0.1 ms here, several times a minibatch step), and ``MCMC``'s own
-        ``thinning`` does not change that; ``k = 10`` to ``100`` amortises it.
-    :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
-    :param gibbs_sites: names of local latent sites inside the subsampled plate (e.g. discrete topic
-        assignments) that ``gibbs_fn`` updates for each minibatch; the stochastic gradient then averages
-        the log joint's gradient over their sweeps (Fisher identity). See :mod:`ppl_sgmcmc.numpyro.gibbs`
-        for the contract.
-    :param gibbs_fn: ``gibbs_fn(rng_key, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites``, one
-        conditional sweep of the local sites of the minibatch (data by closure, as for ``HMCGibbs``).
-    :param gibbs_sweeps: ``(burn_in, kept)`` sweeps per gradient (default ``(5, 5)``).
-    :param gibbs_init: optional ``gibbs_init(rng_key, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites``
-        giving the sweeps' starting point from the local sites' prior draw (default: start at the prior draw).
+    applies the algorithm's update rule once per step, with one stochastic gradient ``∇Ũ_t``. Warm-up
+    steps are burn-in: they are discarded and nothing adapts (a schedule runs on through them).
+    The arguments are those of :class:`~ppl_sgmcmc.algorithms.Algorithm` (``init_strategy`` defaults
+    to NumPyro's ``init_to_uniform``); ``potential_fn(z, rng_key)`` receives a JAX key, and
+    ``gibbs_fn(rng_key, gibbs_sites, hmc_sites, subsample_indices)`` too (see
+    :mod:`ppl_sgmcmc.numpyro.gibbs`).
 
     **Example** (a kernel on an energy instead of a model: ``potential_fn`` and ``init_params``; five
     steps per kept draw)::
@@ -118,47 +109,10 @@ class SGMCMCKernel(MCMCKernel):
     """
 
     sample_field = "z"
-    rule = None  # a module of ppl_sgmcmc.rules, set by subclasses
-    constrained = False  # True: the chain moves the latents in their own support (no transforms; SGRLD)
-
-    def __init__(
-        self,
-        model=None,
-        potential_fn=None,
-        *,
-        step_size,
-        temperature=1.0,
-        replace=True,
-        steps_per_sample=1,
-        init_strategy=init_to_uniform,
-        gibbs_sites=None,
-        gibbs_fn=None,
-        gibbs_sweeps=(5, 5),
-        gibbs_init=None,
-    ):
-        gibbs = (gibbs_sites, gibbs_fn, gibbs_sweeps, gibbs_init)
-        self._step_size, self._temperature, self._steps_per_sample, self._gibbs = _hyperparameters.sampler(
-            model, potential_fn, step_size, temperature, steps_per_sample, gibbs, type(self).__name__
-        )
-        self._options = {}  # the algorithm's own rule keyword arguments (`_hyperparameters`), set by subclasses
-        self._model = model
-        self._potential_fn = potential_fn
-        self._replace = bool(replace)
-        self._init_strategy = init_strategy
-        self._target = None
-        self._sample_fn = None
-
-    # --- what subclasses provide -------------------------------------------------------------
-    def hyperparameters(self):
-        """The rule's keyword arguments besides ``step_size`` (``temperature`` included).
-
-        **Example**::
-
-            >>> from ppl_sgmcmc.numpyro import SGLD
-            >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1, temperature=2.0).hyperparameters()
-            {'temperature': 2.0}
-        """
-        return {"temperature": self._temperature, **self._options}
+    warmup_arg = "num_warmup"
+    state_type: type  # set below: SGMCMCState, or a subclass (ContourState)
+    _target = None
+    _sample_fn = None
 
     # --- numpyro.infer.MCMCKernel ------------------------------------------------------------
     @property
@@ -204,7 +158,8 @@ class SGMCMCKernel(MCMCKernel):
     @property
     def default_fields(self):
         """The state fields ``MCMC`` collects unless told otherwise (``extra_fields`` adds more):
-        the latents ``z`` and ``diverging``.
+        the latents ``z``, ``diverging`` and the algorithm's ``sample_stats_fields`` (CSGLD's
+        ``log_weight`` and ``partition``).
 
         **Example**::
 
@@ -212,7 +167,7 @@ class SGMCMCKernel(MCMCKernel):
             >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1).default_fields
             ('z', 'diverging')
         """
-        return ("z", "diverging")
+        return ("z", "diverging", *self.sample_stats_fields)
 
     def get_diagnostics_str(self, state):
         """The progress bar's postfix: ``Ũ_t``, the step size and the number of rejected steps.
@@ -237,8 +192,8 @@ class SGMCMCKernel(MCMCKernel):
     diagnostics_every = 100
 
     def diagnostics(self, state):
-        """The diagnostics string of one state (read from the device): the minibatch energy ``Ũ_t``,
-        the step size and the number of rejected steps.
+        """The diagnostics string of one state (read from the device): the items of :meth:`progress`
+        (the minibatch energy ``Ũ_t``, the step size, the number of rejected steps, the algorithm's own).
 
         **Example**::
 
@@ -249,7 +204,7 @@ class SGMCMCKernel(MCMCKernel):
             >>> kernel.diagnostics(state)
             'Ũ_t 1, h 1.00e-01, div 0'
         """
-        return f"Ũ_t {float(state.potential_energy):.4g}, h {float(state.step_size):.2e}, div {int(state.num_diverging)}"
+        return ", ".join(f"{key} {value}" for key, value in self.progress(state).items())
 
     def postprocess_fn(self, model_args, model_kwargs):
         """The map from the chain's unconstrained latents ``z`` to the model's constrained values, with
@@ -306,10 +261,10 @@ class SGMCMCKernel(MCMCKernel):
     def _make_target(self, model_args, model_kwargs, rng_key):
         """The model's stochastic potential: a :class:`ModelTarget`, or a :class:`~ppl_sgmcmc.numpyro.gibbs.GibbsTarget`
         with local Gibbs sites; in the latents' own space if :attr:`constrained`."""
-        args = (self._model, model_args, model_kwargs, rng_key, self._replace, type(self).__name__)
+        args = (self._model, model_args, model_kwargs, rng_key, self._replace, self.name)
         if self._gibbs is None:
             return ModelTarget(*args, constrained=self.constrained)
-        return gibbs.GibbsTarget(*args, *self._gibbs, constrained=self.constrained)
+        return gibbs.GibbsTarget(*args, self._gibbs, constrained=self.constrained)
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         """Start the chain: build the model's stochastic potential, find initial values (unless
@@ -317,7 +272,7 @@ class SGMCMCKernel(MCMCKernel):
 
         :param rng_key: a PRNG key, or an array of keys for chains vectorised with ``vmap`` (then
             ``init_params`` have a leading chain axis).
-        :param num_warmup: the number of warm-up draws (burn-in; nothing adapts).
+        :param num_warmup: the number of warm-up draws.
         :param init_params: unconstrained initial values ``{site: array}``; needed with ``potential_fn``.
         :param model_args: the model's positional arguments (the data).
         :param model_kwargs: the model's keyword arguments.
@@ -332,7 +287,11 @@ class SGMCMCKernel(MCMCKernel):
             >>> int(state.i), state.z["x"].tolist(), float(state.potential_energy)  # U(1, 1) = 1
             (0, [1.0, 1.0], 1.0)
         """
-        name = type(self).__name__
+        name = self.name
+        self._set_warmup(num_warmup)
+        _checks.first_step_size(self.step_size_at(0), name)
+        if self._start_warning:
+            warnings.warn(self._start_warning, UserWarning, stacklevel=2)
         model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
         vectorized = not is_prng_key(rng_key)
         if vectorized:
@@ -341,15 +300,21 @@ class SGMCMCKernel(MCMCKernel):
             rng_key, key_init = random.split(rng_key)
         if self._model is not None:
             self._target = self._make_target(model_args, model_kwargs, key_init if not vectorized else key_init[0])
+            self._check_target(self._target)
         else:
             self._target = PotentialTarget(self._potential_fn, name)
         if init_params is None:
-            init_params = self._target.initial_params(key_init, self._init_strategy, model_args, model_kwargs)
-        self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params)[1]
+            init_params = self._target.initial_params(
+                key_init, self._init_strategy or init_to_uniform, model_args, model_kwargs
+            )
+        flat, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params)
+        self._check_dimension(self._target, flat.shape[0])
         init_one = partial(self._init_state, model_args=model_args, model_kwargs=model_kwargs)
         with model_errors(name, "computing the first stochastic gradient"):
             state = jax.jit(vmap(init_one) if vectorized else init_one)(init_params, rng_key)
+        self._vectorized = vectorized
         self._sample_fn = vmap(self._sample_one, in_axes=(0, None, None)) if vectorized else self._sample_one
+        self._health = health.Reporter(name)
         return state
 
     def sample(self, state, model_args, model_kwargs):
@@ -375,12 +340,40 @@ class SGMCMCKernel(MCMCKernel):
         """
         if self._sample_fn is None:
             raise RuntimeError(f"{type(self).__name__}: call `init` before `sample`.")
-        return self._sample_fn(state, as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {}))
+        state = self._sample_fn(state, as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {}))
+        self._check_health(state)
+        return state
+
+    def _check_health(self, state):
+        """Warn, from inside the compiled run, once per run and kind, when a chain shows a known failure
+        (:mod:`ppl_sgmcmc.health`)."""
+
+        def check(state):
+            return health.check(
+                state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0], state.rule_state
+            )
+
+        flags, values = vmap(check)(state) if self._vectorized else check(state)
+        if self._vectorized:  # report the first chain that shows a failure
+            worst = jnp.argmax(jnp.any(flags, axis=1))
+            flags, values = jnp.any(flags, axis=0), values[worst]
+        lax.cond(
+            jnp.any(flags),
+            lambda: jax.debug.callback(self._health.report, flags, values),
+            lambda: None,
+        )
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_sample_fn"] = None
         return state
+
+    @staticmethod
+    def _is_positive_support(support):
+        """Whether ``support`` is ``constraints.positive``, possibly made independent over event dimensions."""
+        while isinstance(support, constraints._IndependentConstraint):
+            support = support.base_constraint
+        return support is constraints.positive
 
     # --- the chain ---------------------------------------------------------------------------
     def _init_state(self, init_params, rng_key, model_args, model_kwargs):
@@ -389,16 +382,17 @@ class SGMCMCKernel(MCMCKernel):
         batch_state = self._target.init_batch(key_batch)
         batch, batch_state = self._target.draw(key_draw, batch_state)
         gradient = self._target.gradient(flat, self._unravel, batch, model_args, model_kwargs)
-        rule_state = self.rule.init(flat, random.normal(key_noise, flat.shape, flat.dtype), **self.hyperparameters())
-        return SGMCMCState(
+        return self.state_type(
             i=jnp.zeros((), jnp.int32),
             z=init_params,
-            rule_state=rule_state,
+            rule_state=self.rule_init(flat, random.normal(key_noise, flat.shape, flat.dtype)),
             potential_energy=gradient.energy,
             step_size=jnp.asarray(self.step_size_at(0), flat.dtype),
             diverging=jnp.zeros((), bool),
             num_diverging=jnp.zeros((), jnp.int32),
             batch_state=batch_state,
+            gradient_state=self._estimator.init(flat),
+            finite_position=flat,
             rng_key=rng_key,
         )
 
@@ -419,18 +413,21 @@ class SGMCMCKernel(MCMCKernel):
         rng_key, key_draw, key_noise = random.split(state.rng_key, 3)
         batch, batch_state = self._target.draw(key_draw, state.batch_state)
         flat, _ = ravel_pytree(state.z)
-        step_size = self.step_size_at(state.i)
-        hyper = self.hyperparameters()
-        new_flat, rule_state, gradient = self.rule.step(
+        grad_fn, gradient_state = self._estimator.estimate(
+            state.gradient_state,
             flat,
-            state.rule_state,
             lambda x: self._target.gradient(x, self._unravel, batch, model_args, model_kwargs),
-            random.normal(key_noise, flat.shape, flat.dtype),
-            step_size,
-            **hyper,
+            state.i,
         )
+        noise = random.normal(key_noise, flat.shape, flat.dtype)
+        step_size = self.step_size_at(state.i)
+        new_flat, rule_state, gradient = self.rule_step(flat, state.rule_state, grad_fn, noise, state.i)
+        # a rejected step returns to the last position whose gradient was finite: this one if its gradient
+        # is, else the one before (a step that landed where the model is undefined is undone)
+        gradient_finite = _all_finite((gradient.energy, gradient.grad))
+        safe_flat = jnp.where(gradient_finite, flat, state.finite_position)
         # a non-finite gradient reaches the new position through every rule
-        finite = _all_finite((gradient.energy, new_flat, rule_state))
+        finite = gradient_finite & _all_finite((new_flat, rule_state)) & (step_size > 0)
         keep = partial(jnp.where, finite)
         kept_rule_state = state.rule_state
         if has_momentum(kept_rule_state):  # a rejected step redraws the momentum that made it diverge
@@ -438,17 +435,22 @@ class SGMCMCKernel(MCMCKernel):
                 finite,
                 lambda: kept_rule_state,
                 lambda: refresh_momentum(
-                    kept_rule_state, _refresh_noise(key_noise, flat), hyper.get("temperature", 1.0)
+                    kept_rule_state, _refresh_noise(key_noise, flat), self.temperature_at(state.i)
                 ),
             )
-        return SGMCMCState(
+        return self.state_type(
             i=state.i + 1,
-            z=self._unravel(keep(new_flat, flat)),
+            z=self._unravel(keep(new_flat, safe_flat)),
             rule_state=jax.tree.map(keep, rule_state, kept_rule_state),
             potential_energy=keep(gradient.energy, state.potential_energy),
             step_size=jnp.asarray(step_size, flat.dtype),
             diverging=~finite,
             num_diverging=state.num_diverging + (~finite).astype(jnp.int32),
             batch_state=batch_state,
+            gradient_state=jax.tree.map(keep, gradient_state, state.gradient_state),
+            finite_position=safe_flat,
             rng_key=rng_key,
         )
+
+
+SGMCMCKernel.state_type = SGMCMCState

@@ -14,8 +14,12 @@ here instead and substitute them into the plate:
   epoch test a branch instead of evaluating both sides for every chain.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import custom_batching, lax, random, vmap
 
@@ -34,11 +38,13 @@ class BatchState(NamedTuple):
         BatchState(permutation={}, position={})
     """
 
-    permutation: dict
-    position: dict
+    #: ``{plate name: the epoch's permutation of 0..N-1}`` (int32, shape ``(N,)``).
+    permutation: dict[str, jax.Array]
+    #: ``{plate name: the index into the permutation where the next minibatch starts}`` (int32 scalar).
+    position: dict[str, jax.Array]
 
 
-def init(rng_key, plate_sizes, replace):
+def init(rng_key: jax.Array, plate_sizes: Mapping[str, tuple[int, int]], replace: bool) -> BatchState:
     """The batch state at the start of the chain.
 
     :param rng_key: a PRNG key (for the first epoch's permutations).
@@ -62,7 +68,7 @@ def init(rng_key, plate_sizes, replace):
     )
 
 
-def uniform_indices(rng_key, size, n):
+def uniform_indices(rng_key: jax.Array, size: int, n: int) -> jax.Array:
     """``n`` indices drawn uniformly with replacement from ``0..size-1`` (int32).
 
     **Example**::
@@ -79,13 +85,15 @@ def uniform_indices(rng_key, size, n):
 
 
 @custom_batching.custom_vmap
-def _reshuffle(new_epoch, rng_key, permutation):
+def _reshuffle(new_epoch: jax.Array, rng_key: jax.Array, permutation: jax.Array) -> jax.Array:
     """A fresh permutation if ``new_epoch``, else ``permutation``."""
     return lax.cond(new_epoch, lambda: random.permutation(rng_key, permutation.shape[0]), lambda: permutation)
 
 
 @_reshuffle.def_vmap
-def _reshuffle_batched(axis_size, in_batched, new_epoch, rng_key, permutation):
+def _reshuffle_batched(
+    axis_size: int, in_batched: Sequence[bool], new_epoch: jax.Array, rng_key: jax.Array, permutation: jax.Array
+) -> tuple[jax.Array, bool]:
     new_epoch, rng_key, permutation = (
         x if batched else jnp.broadcast_to(x, (axis_size,) + jnp.shape(x))
         for x, batched in zip((new_epoch, rng_key, permutation), in_batched)
@@ -98,7 +106,9 @@ def _reshuffle_batched(axis_size, in_batched, new_epoch, rng_key, permutation):
     return lax.cond(jnp.any(new_epoch), fresh, lambda: permutation), True
 
 
-def draw(rng_key, state, plate_sizes, replace):
+def draw(
+    rng_key: jax.Array, state: BatchState, plate_sizes: Mapping[str, tuple[int, int]], replace: bool
+) -> tuple[dict[str, jax.Array], BatchState]:
     """The indices of each subsampled plate for one step, and the advanced batch state.
 
     :param rng_key: a PRNG key for this step.

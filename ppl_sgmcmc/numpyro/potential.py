@@ -10,54 +10,133 @@ Two kinds of target share one interface, used by :class:`~ppl_sgmcmc.numpyro.ker
 * :class:`PotentialTarget`: a user-written energy ``potential_fn(z)``, or ``potential_fn(z, rng_key)``
   returning a stochastic estimate ``Ũ_t(z)`` whose gradient is the stochastic gradient.
 
+The interface, :class:`Target`, is what :class:`~ppl_sgmcmc.numpyro.kernel.SGMCMCKernel` calls:
 ``draw(rng_key, batch_state) -> (batch, batch_state)`` picks one step's data;
-``gradient(flat, batch, model_args, model_kwargs) -> StochasticGradient`` evaluates it.
+``gradient(flat, unravel, batch, model_args, model_kwargs) -> StochasticGradient`` evaluates ``Ũ_t``
+and its gradient there.
 """
 
-import inspect
+from __future__ import annotations
+
 import warnings
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numpyro.handlers import seed, substitute, trace
-from numpyro.primitives import Messenger
-from numpyro.infer.gibbs import subsample_plate_sizes
 from numpyro.distributions.transforms import biject_to
-from numpyro.infer.util import _unconstrain_reparam, compute_log_probs, constrain_fn, initialize_model
+from numpyro.handlers import seed, substitute, trace
+from numpyro.infer.gibbs import subsample_plate_sizes
+from numpyro.infer.util import (
+    _unconstrain_reparam,
+    compute_log_probs,
+    constrain_fn,
+    initialize_model,
+)
+from numpyro.primitives import _PYRO_STACK, Messenger
+from numpyro.primitives import plate as numpyro_plate
 
+from ppl_sgmcmc import _model_checks
 from ppl_sgmcmc.numpyro import minibatch
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.rules import StochasticGradient
 
+#: A pytree of latent values: ``{site name: array}``.
+Params = dict[str, jax.Array]
+#: One step's data as :meth:`Target.draw` returns it and :meth:`Target.gradient` reads it: for a model,
+#: ``{plate name: minibatch indices}`` (a Gibbs target adds its local sites); for a ``potential_fn``, the
+#: step's PRNG key.
+Batch = Any
 
-def as_jax_arrays(tree):
+
+class Target(Protocol):
+    """The interface between a kernel and its stochastic potential (:class:`ModelTarget`,
+    :class:`PotentialTarget`, :class:`~ppl_sgmcmc.numpyro.gibbs.GibbsTarget`).
+
+    ``flat`` is the chain's position as one flat vector and ``unravel`` maps it back to :data:`Params`.
+    """
+
+    #: ``N`` of the mean per-datum score (1 for a ``potential_fn``).
+    data_size: int
+
+    def initial_params(
+        self,
+        rng_key: jax.Array,
+        init_strategy: Callable[..., Any],
+        model_args: tuple[Any, ...],
+        model_kwargs: Mapping[str, Any],
+    ) -> Params:
+        """Valid initial latent values in the chain's space (a batch of them for a batch of keys)."""
+        ...
+
+    def init_batch(self, rng_key: jax.Array) -> minibatch.BatchState:
+        """The minibatch state at the start of the chain."""
+        ...
+
+    def draw(self, rng_key: jax.Array, batch_state: minibatch.BatchState) -> tuple[Batch, minibatch.BatchState]:
+        """One step's data and the advanced minibatch state."""
+        ...
+
+    def gradient(
+        self,
+        flat: jax.Array,
+        unravel: Callable[[jax.Array], Params],
+        batch: Batch,
+        model_args: tuple[Any, ...],
+        model_kwargs: Mapping[str, Any],
+    ) -> StochasticGradient:
+        """``Ũ_t``, its gradient and the mean per-datum score at ``flat`` on the step's ``batch``."""
+        ...
+
+    def postprocess_fn(
+        self, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any]
+    ) -> Callable[[Params], Params]:
+        """The map from the chain's position to the values a draw reports."""
+        ...
+
+
+def as_jax_arrays(tree: Any) -> Any:
     """Turn NumPy array leaves into JAX arrays so that traced minibatch indices can index them.
 
     Python scalars stay as they are: they may be static (a plate's ``subsample_size``)."""
     return jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, tree)
 
 
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray))
+
+
 @contextmanager
-def model_errors(kernel_name, doing):
-    """Re-raise the errors a model commonly hits under a kernel with what is wrong and how to fix it."""
+def model_errors(
+    kernel_name: str,
+    doing: str,
+    plates: Mapping[str, tuple[int, int]] | None = None,
+    data: tuple[tuple[Any, ...], Mapping[str, Any]] | None = None,
+) -> Iterator[None]:
+    """Re-raise the errors a model commonly hits under a kernel with what is wrong and how to fix it.
+
+    ``plates`` (``{name: (N, n)}``, read when an error is raised) and ``data`` (the model's ``(args,
+    kwargs)``) sharpen the hint (:func:`ppl_sgmcmc._model_checks.error_hint`); a
+    :class:`~ppl_sgmcmc._model_checks.ModelError` passes unchanged."""
     try:
         yield
+    except _model_checks.ModelError:
+        raise
     except jax.errors.TracerArrayConversionError as err:
         raise TypeError(
             f"{kernel_name}: {doing}: the model indexes a NumPy array with traced minibatch indices. Pass the "
             "data as model arguments (the kernel converts them), or wrap global arrays in `jax.numpy.asarray`."
         ) from err
     except (ValueError, TypeError, IndexError) as err:
-        raise ValueError(
-            f"{kernel_name}: {doing} failed: {err}\nCheck that every array subsampled inside a plate has the "
-            "plate's size along the plate's dimension, and that the model runs on its data without the kernel."
-        ) from err
+        dtypes = None if data is None else _model_checks.data_dtypes(*data, _is_array)
+        hint = _model_checks.error_hint(str(err), plates, dtypes, "numpyro")
+        raise ValueError(f"{kernel_name}: {doing} failed: {err}\n{hint}") from err
 
 
-def _first_rows(msg):
+def _first_rows(msg: dict[str, Any]) -> jax.Array | None:
     """Indices ``0..n-1`` for a subsampled plate of the prototype trace (the plate's own draw would
     shuffle all ``N`` rows, and compile that shuffle, on every ``MCMC.run``)."""
     if msg["type"] == "plate" and msg["args"][1] is not None and msg["args"][1] < msg["args"][0]:
@@ -65,7 +144,90 @@ def _first_rows(msg):
     return None
 
 
-def _values_and_deterministic(model, model_args, model_kwargs, values):
+class _Subsampled(NamedTuple):
+    """An array the model passed to ``numpyro.subsample`` in the prototype trace."""
+
+    #: the ``subsample`` message; its value ends as the minibatch's rows (the object an observed site gets)
+    msg: dict[str, Any]
+    #: the whole array
+    array: Any
+    event_dim: int | None
+    #: the subsampled plate that indexes its rows, if one does
+    frame: _model_checks.Frame | None
+
+
+def _rows_frame(value: Any, event_dim: int | None) -> _model_checks.Frame | None:
+    """The innermost active subsampled plate whose dim (left of ``event_dim``) has the plate's size in
+    ``value``: the plate that subsamples its rows."""
+    frames = [
+        _model_checks.Frame(handler.name, handler.dim, handler.size, handler.subsample_size)
+        for handler in reversed(_PYRO_STACK)
+        if isinstance(handler, numpyro_plate) and handler.subsample_size < handler.size
+    ]
+    return _model_checks.rows_frame(frames, jnp.shape(value), event_dim)
+
+
+class _ModelRecorder(Messenger):
+    """Watches the prototype trace: refuses a bad ``subsample_size``, or a plate name declared again with
+    another size, before the plate draws its indices; records the plates (:attr:`plates`, ``{name: (N,
+    n)}``) and the whole arrays passed to ``numpyro.subsample`` (:attr:`subsampled`), for
+    :meth:`ModelTarget._check_data`. It keeps references only: no copy, no computation."""
+
+    def __init__(self, fn: Callable[..., Any], kernel_name: str) -> None:
+        self.kernel_name = kernel_name
+        self.plates: dict[str, tuple[int, int]] = {}
+        self.subsampled: list[_Subsampled] = []
+        super().__init__(fn)
+
+    def process_message(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "plate":
+            size, n = msg["args"]
+            if n is not None:
+                _model_checks.subsample_size(msg["name"], size, n, self.kernel_name, "numpyro")
+            _model_checks.plate_declared_again(self.plates, msg["name"], size, n, self.kernel_name, "numpyro")
+        elif msg["type"] == "subsample":
+            event_dim = msg["kwargs"].get("event_dim")
+            self.subsampled.append(_Subsampled(msg, msg["value"], event_dim, _rows_frame(msg["value"], event_dim)))
+
+
+def _bad_mask(value: Any) -> np.ndarray | None:
+    """``None`` if the data ``value`` is finite (one ``isfinite`` reduction), else its mask of NaN and inf."""
+    if isinstance(value, jax.core.Tracer) or not jnp.issubdtype(jnp.result_type(value), jnp.inexact):
+        return None
+    finite = jnp.isfinite(value)
+    return None if bool(jnp.all(finite)) else ~np.asarray(finite)
+
+
+def _check_finite(
+    value: Any, what: str, frame: _model_checks.Frame | None, event_dim: int | None, kernel_name: str
+) -> None:
+    """Raise if the data ``value`` holds NaN or inf; the bad rows of ``frame`` are located only when
+    there are some."""
+    bad = _bad_mask(value)
+    if bad is None:
+        return
+    if frame is not None and event_dim is not None and bad.ndim >= event_dim - frame.dim:
+        rows = _model_checks.bad_rows(bad, frame.dim - event_dim)
+        raise _model_checks.nonfinite_data(what, rows, frame.name, frame.size, int(bad.sum()), kernel_name)
+    raise _model_checks.nonfinite_data(what, None, None, None, int(bad.sum()), kernel_name)
+
+
+def _explain_failure(
+    subsampled: list[_Subsampled],
+    model_args: tuple[Any, ...],
+    model_kwargs: Mapping[str, Any],
+    plates: Mapping[str, tuple[int, int]],
+    kernel_name: str,
+) -> None:
+    """After the model failed on its data: raise the non-finite-data error if NaN or inf in the arrays it
+    subsampled or in its arguments explain the failure (a distribution refusing NaN parameters, say)."""
+    _check_subsampled(subsampled, {}, kernel_name)
+    _model_checks.nonfinite_in_arguments(model_args, model_kwargs, _is_array, _bad_mask, plates, kernel_name)
+
+
+def _values_and_deterministic(
+    model: Callable[..., Any], model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any], values: Params
+) -> Params:
     """The latent ``values`` (already in their supports) and the deterministic sites they imply."""
     model_trace = trace(substitute(model, data=values)).get_trace(*model_args, **model_kwargs)
     return {
@@ -79,15 +241,33 @@ class _one_index(Messenger):
     """Runs the model on one datum of a subsampled plate: the plate's indices become ``index[None]``
     (so the plate scales its sites by ``N/1``)."""
 
-    def __init__(self, fn, plate, index):
+    def __init__(self, fn: Callable[..., Any] | None, plate: str, index: jax.Array) -> None:
         self.plate = plate
         self.index = index
         super().__init__(fn)
 
-    def process_message(self, msg):
+    def process_message(self, msg: dict[str, Any]) -> None:
         if msg["type"] == "plate" and msg["name"] == self.plate:
             msg["value"] = self.index[None]
             msg["args"] = (msg["args"][0], 1)
+
+
+def _check_subsampled(subsampled: list[_Subsampled], observed: Mapping[int, str], kernel_name: str) -> set[str]:
+    """Check each array passed to ``numpyro.subsample`` once for NaN and inf, named after the observed
+    site whose value it became (``observed``: ``{id(value): site name}``); return those sites' names."""
+    arrays: dict[int, tuple[_Subsampled, str | None]] = {}
+    for record in subsampled:
+        site = observed.get(id(record.msg["value"]))
+        if id(record.array) not in arrays or arrays[id(record.array)][1] is None:
+            arrays[id(record.array)] = (record, site)
+    for record, site in arrays.values():
+        what = (
+            f"observed site {site!r}"
+            if site is not None
+            else _model_checks.subsampled_array(jnp.shape(record.array), record.event_dim, "numpyro")
+        )
+        _check_finite(record.array, what, record.frame, record.event_dim, kernel_name)
+    return {site for _, site in arrays.values() if site is not None}
 
 
 class ModelTarget:
@@ -96,27 +276,44 @@ class ModelTarget:
     With :attr:`per_example_scores` set (see :meth:`enable_per_example_scores`), :meth:`gradient` also
     returns the ``n×d`` per-datum scores of the minibatch (``StochasticGradient.per_example``)."""
 
-    per_example_scores = False
+    per_example_scores: bool = False
 
-    def __init__(self, model, model_args, model_kwargs, rng_key, replace, kernel_name, constrained=False):
+    def __init__(
+        self,
+        model: Callable[..., Any],
+        model_args: tuple[Any, ...],
+        model_kwargs: Mapping[str, Any],
+        rng_key: jax.Array,
+        replace: bool,
+        kernel_name: str,
+        constrained: bool = False,
+    ) -> None:
         self.model = model
         self.replace = replace
         self.kernel_name = kernel_name
         # position in the latents' own (constrained) space: no transforms, no log-Jacobian (SGRLD)
         self.constrained = constrained
-        with model_errors(kernel_name, "tracing the model"):
-            model_trace = trace(seed(substitute(model, substitute_fn=_first_rows), rng_key)).get_trace(
-                *model_args, **model_kwargs
-            )
-        self.plate_sizes = subsample_plate_sizes(model_trace)
-        self.data_sites = frozenset(
+        recorder = _ModelRecorder(model, kernel_name)
+        try:
+            with model_errors(kernel_name, "tracing the model", recorder.plates, (model_args, model_kwargs)):
+                model_trace = trace(seed(substitute(recorder, substitute_fn=_first_rows), rng_key)).get_trace(
+                    *model_args, **model_kwargs
+                )
+        except _model_checks.ModelError:
+            raise
+        except ValueError:  # NaN or inf in the data can make a distribution refuse its parameters: say so
+            _explain_failure(recorder.subsampled, model_args, model_kwargs, recorder.plates, kernel_name)
+            raise
+        self.plate_sizes: dict[str, tuple[int, int]] = subsample_plate_sizes(model_trace)
+        self.data_sites: frozenset[str] = frozenset(
             name
             for name, site in model_trace.items()
             if site["type"] == "sample" and any(f.name in self.plate_sizes for f in site["cond_indep_stack"])
         )
         self._check_sites(model_trace)
+        unchecked = self._check_data(model_trace, recorder.subsampled)
         # the supports of the latents the chain moves (the global sample sites)
-        self.latent_supports = {
+        self.latent_supports: dict[str, Any] = {
             name: site["fn"].support
             for name, site in model_trace.items()
             if site["type"] == "sample" and not site["is_observed"] and name not in self.data_sites
@@ -129,10 +326,10 @@ class ModelTarget:
                 stacklevel=4,
             )
         # the mean-score scale N (pSGLD, SGFS); with several subsampled plates the largest one
-        self.data_size = max((size for size, _ in self.plate_sizes.values()), default=1)
-        self._check_full_data(model_args, model_kwargs)
+        self.data_size: int = max((size for size, _ in self.plate_sizes.values()), default=1)
+        self._check_full_data(model_args, model_kwargs, unchecked)
 
-    def _check_sites(self, model_trace):
+    def _check_sites(self, model_trace: Mapping[str, dict[str, Any]]) -> None:
         for name, site in model_trace.items():
             if site["type"] != "sample" or site["is_observed"]:
                 continue
@@ -145,24 +342,71 @@ class ModelTarget:
                 )
             if name in self.data_sites:
                 plates = [f.name for f in site["cond_indep_stack"] if f.name in self.plate_sizes]
-                raise NotImplementedError(
-                    f"{self.kernel_name}: latent site {name!r} lies inside the subsampled plate {plates[0]!r}; "
-                    "SG-MCMC kernels sample global latents only. Marginalise the local latent out of the "
-                    "likelihood, or move it outside the plate."
-                )
+                raise _model_checks.local_latent(name, plates[0], self.kernel_name, "numpyro")
 
-    def _check_full_data(self, model_args, model_kwargs):
-        """Trace the full-data view abstractly (no arithmetic) to catch shape errors early."""
+    def _frames(self, site: Mapping[str, Any]) -> list[_model_checks.Frame]:
+        """The subsampled plates around a site, outermost first."""
+        return [
+            _model_checks.Frame(f.name, f.dim, *self.plate_sizes[f.name])
+            for f in site["cond_indep_stack"]
+            if f.name in self.plate_sizes
+        ]
+
+    def _check_data(self, model_trace: Mapping[str, dict[str, Any]], subsampled: list[_Subsampled]) -> set[str]:
+        """Check, once at init, the observed sites in subsampled plates and the data they subsample:
+        each site's shape against its plates and distribution (:func:`ppl_sgmcmc._model_checks.site_shape`),
+        then each array passed to ``numpyro.subsample`` for NaN and inf, one ``isfinite`` reduction per
+        array. Returns the observed sites whose values did not come from ``numpyro.subsample`` as they are
+        (their full data are checked on the full-data view)."""
+        observed = {}
+        for name in sorted(self.data_sites):
+            site = model_trace[name]
+            if site["type"] != "sample" or not site["is_observed"]:
+                continue
+            fn = site["fn"]
+            shape = jnp.shape(site["value"])
+            _model_checks.site_shape(
+                name, shape, fn.batch_shape, fn.event_shape, self._frames(site), self.kernel_name, "numpyro"
+            )
+            observed[id(site["value"])] = name
+        return set(observed.values()) - _check_subsampled(subsampled, observed, self.kernel_name)
+
+    def _check_full_data(
+        self, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any], unchecked: set[str] = frozenset()
+    ) -> None:
+        """Trace the full-data view abstractly (no arithmetic) to catch shape errors early; if some observed
+        sites in subsampled plates (``unchecked``) index their data themselves, run it once to check their
+        full data for NaN and inf."""
 
         def run():
             tr = trace(seed(full_data(self.model), 0)).get_trace(*model_args, **model_kwargs)
             return {name: site["fn"].log_prob(site["value"]) for name, site in tr.items() if name in self.data_sites}
 
         plates = ", ".join(f"{name!r} of size {size}" for name, (size, _) in self.plate_sizes.items())
-        with model_errors(self.kernel_name, f"running the model on its full data (plates {plates})"):
-            jax.eval_shape(run)
+        try:
+            with model_errors(
+                self.kernel_name, f"running the model on its full data (plates {plates})", self.plate_sizes,
+                (model_args, model_kwargs),
+            ):  # fmt: skip
+                jax.eval_shape(run)
+                if unchecked:
+                    full_trace = trace(seed(full_data(self.model), 0)).get_trace(*model_args, **model_kwargs)
+        except ValueError:
+            _explain_failure([], model_args, model_kwargs, self.plate_sizes, self.kernel_name)
+            raise
+        for name in sorted(unchecked):
+            site = full_trace[name]
+            event_dim = len(site["fn"].event_shape)
+            frame = _model_checks.rows_frame(self._frames(site), jnp.shape(site["value"]), event_dim)
+            _check_finite(site["value"], f"observed site {name!r}", frame, event_dim, self.kernel_name)
 
-    def initial_params(self, rng_key, init_strategy, model_args, model_kwargs):
+    def initial_params(
+        self,
+        rng_key: jax.Array,
+        init_strategy: Callable[..., Any],
+        model_args: tuple[Any, ...],
+        model_kwargs: Mapping[str, Any],
+    ) -> Params:
         """Valid unconstrained initial values (a batch of them for a batch of keys)."""
         batch, _ = self.draw(rng_key if rng_key.ndim == 1 else rng_key[0], self.init_batch(rng_key))
         info = initialize_model(
@@ -174,27 +418,33 @@ class ModelTarget:
         )
         return self._to_position(info.param_info.z)
 
-    def _to_position(self, unconstrained):
+    def _to_position(self, unconstrained: Params) -> Params:
         """Unconstrained values as the chain's position: themselves, or mapped to the support if :attr:`constrained`."""
         if not self.constrained:
             return unconstrained
         return {name: biject_to(self.latent_supports[name])(value) for name, value in unconstrained.items()}
 
-    def _with_latents(self, model, z):
+    def _with_latents(self, model: Callable[..., Any], z: Params) -> Callable[..., Any]:
         """``model`` with the chain's latent values ``z`` substituted: unconstrained values through the
         supports' transforms (adding the log-Jacobian), or, if :attr:`constrained`, as they are."""
         if self.constrained:
             return substitute(model, data=z)
         return substitute(model, substitute_fn=partial(_unconstrain_reparam, z))
 
-    def init_batch(self, rng_key):
+    def init_batch(self, rng_key: jax.Array) -> minibatch.BatchState:
+        """The minibatch state at the start of the chain (the first key of a batch of keys)."""
         key = rng_key if rng_key.ndim == 1 else rng_key[0]
         return minibatch.init(key, self.plate_sizes, self.replace)
 
-    def draw(self, rng_key, batch_state):
+    def draw(
+        self, rng_key: jax.Array, batch_state: minibatch.BatchState
+    ) -> tuple[dict[str, jax.Array], minibatch.BatchState]:
+        """``{plate name: minibatch indices}`` for one step, and the advanced minibatch state."""
         return minibatch.draw(rng_key, batch_state, self.plate_sizes, self.replace)
 
-    def _energies(self, z, batch, model_args, model_kwargs):
+    def _energies(
+        self, z: Params, batch: Batch, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any]
+    ) -> tuple[jax.Array, jax.Array]:
         """``(prior part, data part)`` of ``Ũ_t(z)``; the data part holds the sites in subsampled plates."""
         model = self._with_latents(substitute(self.model, data=batch), z)
         log_probs, _ = compute_log_probs(model, model_args, model_kwargs, {})
@@ -202,7 +452,16 @@ class ModelTarget:
         data = sum((v for k, v in log_probs.items() if k in self.data_sites), start=0.0)
         return -prior, -data
 
-    def gradient(self, flat, unravel, batch, model_args, model_kwargs):
+    def gradient(
+        self,
+        flat: jax.Array,
+        unravel: Callable[[jax.Array], Params],
+        batch: Batch,
+        model_args: tuple[Any, ...],
+        model_kwargs: Mapping[str, Any],
+    ) -> StochasticGradient:
+        """``Ũ_t``, its gradient and the mean per-datum score ``ḡ`` at ``flat`` on the minibatch ``batch``."""
+
         def energy(x):
             prior, data = self._energies(unravel(x), batch, model_args, model_kwargs)
             return prior + data
@@ -217,7 +476,7 @@ class ModelTarget:
             return StochasticGradient(value, grad, score)
         return StochasticGradient(value, grad, score, self.per_example(flat, unravel, batch, model_args, model_kwargs))
 
-    def enable_per_example_scores(self):
+    def enable_per_example_scores(self) -> None:
         """Make :meth:`gradient` return per-datum scores, for rules with ``PER_EXAMPLE_SCORES`` (SGFS).
 
         They are defined for one subsampled plate of at least 2 elements; anything else raises."""
@@ -232,11 +491,18 @@ class ModelTarget:
         if n < 2:
             raise ValueError(
                 f"{self.kernel_name}: plate {name!r} has subsample_size {n}; the empirical Fisher needs n >= 2 "
-                "(the paper recommends n >= 100)."
+                "(Ahn, Korattikara & Welling, ICML 2012, recommend n >= 100)."
             )
         self.per_example_scores = True
 
-    def per_example(self, flat, unravel, batch, model_args, model_kwargs):
+    def per_example(
+        self,
+        flat: jax.Array,
+        unravel: Callable[[jax.Array], Params],
+        batch: Batch,
+        model_args: tuple[Any, ...],
+        model_kwargs: Mapping[str, Any],
+    ) -> jax.Array:
         """The ``n×d`` per-datum scores ``∇_x log p(x_i | x)`` of the minibatch (``x``: the chain's position).
 
         One datum ``i`` is the model traced with its plate holding the single index ``i`` (scale ``N``),
@@ -255,7 +521,9 @@ class ModelTarget:
 
         return jax.vmap(jax.grad(log_lik), in_axes=(None, 0))(flat, batch[plate])
 
-    def postprocess_fn(self, model_args, model_kwargs):
+    def postprocess_fn(
+        self, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any]
+    ) -> Callable[[Params], Params]:
         """Map unconstrained samples to constrained values and deterministic sites (on the full data)."""
         if self.constrained:
             return partial(_values_and_deterministic, full_data(self.model), model_args, model_kwargs)
@@ -265,29 +533,44 @@ class ModelTarget:
 class PotentialTarget:
     """A target given as an energy ``potential_fn(z)`` or a stochastic energy ``potential_fn(z, rng_key)``."""
 
-    def __init__(self, potential_fn, kernel_name):
+    def __init__(self, potential_fn: Callable[..., jax.Array], kernel_name: str) -> None:
         self.potential_fn = potential_fn
         self.kernel_name = kernel_name
-        try:
-            num_args = len(inspect.signature(potential_fn).parameters)
-        except (TypeError, ValueError):
-            num_args = 1
-        self.stochastic = num_args >= 2
-        self.data_size = 1
+        # stochastic if the second positional parameter has no default: `f(z, scale=1.0)` is an energy of z
+        self.stochastic: bool = _model_checks.is_stochastic_potential(potential_fn, kernel_name, "rng_key")
+        self.data_size: int = 1
 
-    def initial_params(self, rng_key, init_strategy, model_args, model_kwargs):
+    def initial_params(
+        self,
+        rng_key: jax.Array,
+        init_strategy: Callable[..., Any],
+        model_args: tuple[Any, ...],
+        model_kwargs: Mapping[str, Any],
+    ) -> Params:
+        """Always raises: a ``potential_fn`` gives no way to draw initial values."""
         raise ValueError(
             f"{self.kernel_name}: a kernel built from `potential_fn` needs `init_params`: pass them to "
             "`mcmc.run(rng_key, init_params=...)` (one leading entry per chain when num_chains > 1)."
         )
 
-    def init_batch(self, rng_key):
+    def init_batch(self, rng_key: jax.Array) -> minibatch.BatchState:
+        """An empty minibatch state: a ``potential_fn`` draws its own data."""
         return minibatch.BatchState({}, {})
 
-    def draw(self, rng_key, batch_state):
+    def draw(self, rng_key: jax.Array, batch_state: minibatch.BatchState) -> tuple[jax.Array, minibatch.BatchState]:
+        """The step's key is the step's data: ``potential_fn(z, rng_key)`` uses it."""
         return rng_key, batch_state
 
-    def gradient(self, flat, unravel, batch, model_args, model_kwargs):
+    def gradient(
+        self,
+        flat: jax.Array,
+        unravel: Callable[[jax.Array], Params],
+        batch: Batch,
+        model_args: tuple[Any, ...],
+        model_kwargs: Mapping[str, Any],
+    ) -> StochasticGradient:
+        """The energy and its gradient at ``flat``; the score is the negated gradient (``N = 1``)."""
+
         def energy(x):
             z = unravel(x)
             return self.potential_fn(z, batch) if self.stochastic else self.potential_fn(z)
@@ -295,7 +578,8 @@ class PotentialTarget:
         value, grad = jax.value_and_grad(energy)(flat)
         return StochasticGradient(value, grad, -grad)
 
-    def postprocess_fn(self, model_args, model_kwargs):
+    def postprocess_fn(
+        self, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any]
+    ) -> Callable[[Params], Params]:
+        """The identity: draws are the values ``potential_fn`` takes."""
         return lambda z: z
-
-

@@ -11,14 +11,16 @@ The same algorithms, arguments and update rules as :mod:`ppl_sgmcmc.numpyro`::
     idata = arviz.from_pyro(mcmc)   # full-data log_likelihood and observed_data
 """
 
+from ppl_sgmcmc.checkpoint import ChainState
 from ppl_sgmcmc.pyro.handlers import FullDataModel, full_data, subsample_plates
-from ppl_sgmcmc.pyro.inference_data import full_data_log_likelihood, sample_stats, to_inference_data
+from ppl_sgmcmc.pyro.inference_data import full_data_log_likelihood, predictive, sample_stats, to_inference_data
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel, SGMCMCState
 from ppl_sgmcmc.pyro.kernels import CSGHMC, CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT, SGRLD, ContourState
 
 __all__ = [
     "CSGHMC",
     "CSGLD",
+    "ChainState",
     "ContourState",
     "FullDataModel",
     "PSGLD",
@@ -31,6 +33,7 @@ __all__ = [
     "SGRLD",
     "full_data",
     "full_data_log_likelihood",
+    "predictive",
     "sample_stats",
     "subsample_plates",
     "to_inference_data",

@@ -48,6 +48,7 @@ import torch
 
 from ppl_sgmcmc import _checks
 from ppl_sgmcmc._checks import GibbsFnError  # noqa: F401  (re-exported: raised by the sweeps)
+from ppl_sgmcmc.algorithms import GibbsOptions
 from ppl_sgmcmc.pyro.handlers import is_subsample_site
 from ppl_sgmcmc.pyro.potential import ModelTarget
 
@@ -65,11 +66,11 @@ class GibbsTarget(ModelTarget):
     ``draw`` returns ``(indices, seed)``; ``gradient`` runs the sweeps and averages the gradient of the
     log joint over the kept ones."""
 
-    def __init__(self, *args, gibbs_sites, gibbs_fn, gibbs_sweeps, gibbs_init=None, **kwargs):
-        self.local_sites = tuple(gibbs_sites)
-        self.gibbs_fn = gibbs_fn
-        self.gibbs_init = gibbs_init
-        self.burn_in, self.kept = gibbs_sweeps
+    def __init__(self, *args, gibbs: GibbsOptions, **kwargs):
+        self.local_sites = tuple(gibbs.sites)
+        self.gibbs_fn = gibbs.fn
+        self.gibbs_init = gibbs.init
+        self.burn_in, self.kept = gibbs.sweeps
         super().__init__(*args, **kwargs)
         # the first gradient (initial values) uses the prototype trace's prior draw of the local sites
         self.first_batch = (self.first_batch, {name: value[None] for name, value in self._prototype_local.items()})

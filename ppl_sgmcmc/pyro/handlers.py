@@ -10,10 +10,13 @@ A ``pyro.plate(name, N, subsample_size=n)`` announces itself with a ``"sample"``
 of that message becomes the plate's indices.
 """
 
+from __future__ import annotations
+
 import sys
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
-
 import torch
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import SubsampleMessenger
@@ -21,7 +24,7 @@ from pyro.poutine.subsample_messenger import SubsampleMessenger
 __all__ = ["FullDataMessenger", "FullDataModel", "as_tensors", "full_data", "is_subsample_site", "subsample_plates"]
 
 
-def is_subsample_site(msg):
+def is_subsample_site(msg: Mapping[str, Any]) -> bool:
     """Whether a message is the index draw of a plate with ``subsample_size < size``.
 
     **Example**::
@@ -69,12 +72,12 @@ class subsample_plates(Messenger):
         tensor([0, 1])
     """
 
-    def __init__(self, indices=None):
+    def __init__(self, indices: Mapping[str, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.indices = indices
-        self.fixed = {}  # {name: (N, n)} of the plates this handler gave indices to
+        self.fixed: dict[str, tuple[int, int]] = {}  # {name: (N, n)} of the plates this handler gave indices to
 
-    def _pyro_sample(self, msg):
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
         if msg["value"] is not None or not is_subsample_site(msg):
             return
         fn = msg["fn"]
@@ -87,18 +90,18 @@ class subsample_plates(Messenger):
         self.fixed[msg["name"]] = (fn.size, fn.subsample_size)
 
 
-_FULL_PLATE_CLASSES = {}
+_FULL_PLATE_CLASSES: dict[type, type] = {}
 
 
-def _full_plate_class(cls):
+def _full_plate_class(cls: type[SubsampleMessenger]) -> type[SubsampleMessenger]:
     """A subclass of the plate class ``cls`` whose instances ignore their subsample: size ``N``,
     indices ``0..N-1`` and scale 1, whatever ``subsample_size`` or ``subsample`` they were given."""
     if cls not in _FULL_PLATE_CLASSES:
 
-        def _indices(self):
+        def _indices(self: SubsampleMessenger) -> torch.Tensor:
             return torch.arange(self.size, device=self.device)
 
-        def ignore(self, value):
+        def ignore(self: SubsampleMessenger, value: Any) -> None:
             pass
 
         _FULL_PLATE_CLASSES[cls] = type(
@@ -114,7 +117,7 @@ def _full_plate_class(cls):
     return _FULL_PLATE_CLASSES[cls]
 
 
-def _plate_under_construction():
+def _plate_under_construction() -> SubsampleMessenger | None:
     """The ``SubsampleMessenger`` (plate) whose ``__init__`` sent the current ``_Subsample`` message.
 
     Pyro checks ``len(indices) == subsample_size`` right after the message returns, with the
@@ -144,18 +147,21 @@ class FullDataMessenger(Messenger):
         tensor([0, 1, 2, 3, 4])
     """
 
-    def _pyro_sample(self, msg):
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
         if msg["value"] is not None or not is_subsample_site(msg):
             return
         plate = _plate_under_construction()
         if plate is None:  # pragma: no cover - a plate class that does not derive from SubsampleMessenger
             raise NotImplementedError(f"full_data: cannot find the plate object of subsampled plate {msg['name']!r}.")
         plate.__class__ = _full_plate_class(type(plate))
+        fn = msg["fn"]
         # passes Pyro's length check; the plate now ignores it
-        msg["value"] = torch.arange(msg["fn"].subsample_size, device=msg["fn"].device)
+        msg["value"] = torch.arange(fn.subsample_size, device=fn.device)
+        # the trace shows a full plate (no subsample_size), which Pyro's HMC/NUTS accept
+        msg["fn"] = type(fn)(fn.size, None, device=fn.device)
 
 
-def full_data(fn=None):
+def full_data(fn: Callable[..., Any] | None = None) -> FullDataMessenger | Callable[..., Any]:
     """Run every subsampled plate on all of its data: ``plate(name, N, subsample_size=n)`` behaves
     as ``plate(name, N)``, with indices ``0..N-1`` (also what ``with plate(...) as idx`` yields)
     and scale 1. ``full_data(model)`` wraps a model; ``with full_data():`` works too.
@@ -178,7 +184,7 @@ def full_data(fn=None):
     return messenger(fn) if fn is not None else messenger
 
 
-def as_tensors(tree):
+def as_tensors(tree: Any) -> Any:
     """Turn NumPy arrays (in tuples, lists and dicts) into torch tensors; floating arrays take
     torch's default dtype, as JAX turns float64 arrays into float32 when x64 is off.
 
@@ -220,12 +226,12 @@ class FullDataModel:
         torch.Size([5])
     """
 
-    def __init__(self, model):
+    def __init__(self, model: Callable[..., Any]) -> None:
         self.model = model
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with full_data():
             return self.model(*as_tensors(args), **as_tensors(kwargs))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"FullDataModel({getattr(self.model, '__name__', self.model)!r})"

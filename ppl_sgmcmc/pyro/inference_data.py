@@ -6,29 +6,46 @@ is the model's full-data view (:class:`~ppl_sgmcmc.pyro.handlers.FullDataModel`)
 minibatch. Two quirks of ``from_pyro`` remain, which :func:`to_inference_data` fixes: it treats
 ``pyro.deterministic`` sites as observed data (they get a ``log_likelihood`` of zeros, and
 ``az.loo`` then asks which variable to use), and it evaluates the log-likelihood of all draws at
-once (``chains × draws × N`` values and the model's intermediates in memory).
+once (``chains × draws × N`` values and the model's intermediates in memory), and omits it, with a
+warning, for a model that does not broadcast over a leading sample dimension (``Xb @ w``), where
+:func:`to_inference_data` evaluates it draw by draw.
+
+Posterior predictive draws need the full-data view too: :func:`predictive` is
+``pyro.infer.Predictive(full_data(model), samples)`` for a run (``Predictive`` on the subsampled model
+returns a random minibatch of rows per draw, and nothing can intercept that).
 """
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import arviz as az
 import numpy as np
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer import Predictive
+from pyro.infer import MCMC, Predictive
 
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 
-__all__ = ["full_data_log_likelihood", "sample_stats", "to_inference_data"]
+__all__ = ["MAX_LOG_LIKELIHOOD_BYTES", "full_data_log_likelihood", "predictive", "sample_stats", "to_inference_data"]
+
+MAX_LOG_LIKELIHOOD_BYTES = 2**30
+"""Default of ``max_log_likelihood_bytes``: the largest pointwise log-likelihood (1 GiB) that
+:func:`full_data_log_likelihood` and :func:`to_inference_data` compute before refusing."""
 
 
-def _check(mcmc, needs_model=True):
+def _check(mcmc: MCMC, needs_model: bool = True) -> None:
     if not isinstance(getattr(mcmc, "kernel", None), SGMCMCKernel) or (needs_model and mcmc.kernel.model is None):
         raise TypeError(
             "expected an `MCMC` run with a ppl_sgmcmc kernel" + (" built from a model." if needs_model else ".")
         )
 
 
-def sample_stats(mcmc):
+def sample_stats(mcmc: MCMC) -> dict[str, np.ndarray]:
     """The per-draw statistics a kernel records besides ``diverging``, as ``{name: array (chain, draw)}``
     (NumPy): ``log_weight`` and ``partition`` for :class:`~ppl_sgmcmc.pyro.CSGLD` and
     :class:`~ppl_sgmcmc.pyro.CSGHMC`; ``{}`` for the other kernels. Pyro's ``MCMC`` returns them
@@ -60,25 +77,89 @@ def sample_stats(mcmc):
     return out
 
 
-def _observed_sites(mcmc):
-    """Names of the observed sites of the model that are data (not ``pyro.deterministic``)."""
-    with torch.no_grad(), poutine.block():
+class _Sites(NamedTuple):
+    """The sites of a run's full-data model, from one trace with the run's arguments."""
+
+    observed: dict[str, tuple[torch.Size, torch.dtype]]  # data sites (not deterministic): log_prob's shape, dtype
+    deterministic: list[str]
+    local: list[str]  # latent sites that are not among the samples: local Gibbs sites
+
+
+def _sites(mcmc: MCMC) -> _Sites:
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():  # leaves Pyro's RNG as it was
         model_trace = poutine.trace(mcmc.kernel.model).get_trace(*mcmc._args, **mcmc._kwargs)
-    return [
-        name
-        for name, site in model_trace.nodes.items()
-        if site["type"] == "sample" and site["is_observed"] and not site["infer"].get("_deterministic")
-    ]
+    samples = mcmc.get_samples()
+    observed, deterministic, local = {}, [], []
+    for name, site in model_trace.nodes.items():
+        if site["type"] != "sample" or type(site["fn"]).__name__ == "_Subsample":
+            continue
+        if site["infer"].get("_deterministic"):
+            deterministic.append(name)
+        elif site["is_observed"]:
+            log_prob = site["fn"].log_prob(site["value"])
+            observed[name] = (log_prob.shape, log_prob.dtype)
+        elif name not in samples:
+            local.append(name)
+    return _Sites(observed, deterministic, local)
 
 
-def full_data_log_likelihood(mcmc, chunk_size=256):
+def _local_sites_message(local: Sequence[str]) -> str:
+    return (
+        f"the local Gibbs site(s) {list(local)} are not among the samples (a kernel keeps no local draws), and "
+        "the pointwise log-likelihood p(y_i | θ) needs them marginalised, which the kernel cannot do for a "
+        "general model (Predictive would draw them from their prior instead)"
+    )
+
+
+def _too_large(num_bytes: int, limit: int, num_chains: int, num_draws: int, sizes: dict[str, int]) -> str:
+    values = " + ".join(f"{size} ({name!r})" for name, size in sizes.items())
+    return (
+        f"the pointwise log-likelihood would take {num_bytes / 2**30:.2f} GiB ({num_chains} chains × {num_draws} "
+        f"draws × {values} values), above max_log_likelihood_bytes={limit}. Pass log_likelihood=False, keep "
+        "fewer draws (a larger `steps_per_sample`, fewer `num_samples`, or thin the samples yourself), or raise "
+        "max_log_likelihood_bytes."
+    )
+
+
+def _vectorized(mcmc: MCMC, chunk: dict[str, torch.Tensor], observed: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    """The log-likelihood of the draws ``chunk`` in one run of the model, batched over them."""
+    model_trace = Predictive(mcmc.kernel.model, chunk).get_vectorized_trace(*mcmc._args, **mcmc._kwargs)
+    num = next(iter(chunk.values())).shape[0]
+    out = {}
+    for name, (shape, _) in observed.items():
+        site = model_trace.nodes[name]
+        values = site["fn"].log_prob(site["value"])
+        if values.numel() != num * math.prod(shape):  # broadcast wrongly
+            raise ValueError(f"site {name!r}: log_prob of shape {tuple(values.shape)} for {num} draws of {tuple(shape)}")
+        out[name] = values.reshape((num,) + tuple(shape))
+    return out
+
+
+def _one_draw(mcmc: MCMC, draw: dict[str, torch.Tensor], observed: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    """The log-likelihood of one draw: one run of the model, conditioned on it."""
+    model_trace = poutine.trace(poutine.condition(mcmc.kernel.model, draw)).get_trace(*mcmc._args, **mcmc._kwargs)
+    return {name: model_trace.nodes[name]["fn"].log_prob(model_trace.nodes[name]["value"]) for name in observed}
+
+
+def full_data_log_likelihood(
+    mcmc: MCMC, chunk_size: int = 256, max_log_likelihood_bytes: int = MAX_LOG_LIKELIHOOD_BYTES
+) -> dict[str, np.ndarray]:
     """Pointwise log-likelihood of every observed site on all of its data, for every draw.
 
+    The result is allocated once and filled ``chunk_size`` draws at a time, each chunk in one run of the
+    model batched over its draws (as ``arviz.from_pyro`` does). A model that does not broadcast over a
+    leading sample dimension (``Xb @ w`` with ``w`` of shape ``(draws, 1, D)``) is evaluated one draw at a
+    time instead, with a warning (``arviz.from_pyro`` omits the log-likelihood of such a model).
+
     :param mcmc: a finished :class:`pyro.infer.MCMC` run of an SG-MCMC kernel.
-    :param int chunk_size: draws evaluated at once; bounds the peak memory to about
-        ``chunk_size × N`` values (times the model's intermediates) beyond the result.
+    :param int chunk_size: draws evaluated at once; bounds the memory beyond the result to about
+        ``chunk_size × N`` values (times the model's intermediates).
+    :param int max_log_likelihood_bytes: refuse (``ValueError``, saying what to do) when the result would
+        be larger than this; default :data:`MAX_LOG_LIKELIHOOD_BYTES` (1 GiB).
     :return: ``{site: array of shape (num_chains, num_draws, *site_shape)}`` (NumPy), shaped as
         ``arviz.from_pyro`` shapes it.
+    :raises ValueError: if the result is too large, or the run has local Gibbs sites (the log-likelihood
+        would need them marginalised; :func:`to_inference_data` then leaves it out with a warning).
 
     **Example** (100 data points, minibatches of 10: the log-likelihood covers all 100)::
 
@@ -93,35 +174,70 @@ def full_data_log_likelihood(mcmc, chunk_size=256):
         >>> mcmc.run(torch.zeros(100))
         >>> full_data_log_likelihood(mcmc, chunk_size=8)["y"].shape
         (1, 20, 100)
+        >>> full_data_log_likelihood(mcmc, max_log_likelihood_bytes=1000)
+        Traceback (most recent call last):
+        ...
+        ValueError: the pointwise log-likelihood would take 0.00 GiB (1 chains × 20 draws × 100 ('y') values), above max_log_likelihood_bytes=1000. Pass log_likelihood=False, ...
     """
     _check(mcmc)
-    names = _observed_sites(mcmc)
+    sites = _sites(mcmc)
+    if sites.local:
+        raise ValueError(f"full_data_log_likelihood: {_local_sites_message(sites.local)}.")
     samples = mcmc.get_samples(group_by_chain=True)  # deterministic sites too: Predictive conditions on them
     num_chains, num_draws = next(iter(samples.values())).shape[:2]
-    flat = {k: v.reshape((num_chains * num_draws,) + v.shape[2:]) for k, v in samples.items()}
-    chunks = []
-    with torch.no_grad(), poutine.block():
-        for start in range(0, num_chains * num_draws, chunk_size):
-            chunk = {k: v[start : start + chunk_size] for k, v in flat.items()}
-            model_trace = Predictive(mcmc.kernel.model, chunk).get_vectorized_trace(*mcmc._args, **mcmc._kwargs)
-            chunks.append(
-                {
-                    name: model_trace.nodes[name]["fn"].log_prob(model_trace.nodes[name]["value"]).cpu().numpy()
-                    for name in names
-                }
-            )
-    return {
-        name: np.concatenate([c[name] for c in chunks]).reshape((num_chains, num_draws) + chunks[0][name].shape[1:])
-        for name in names
+    total = num_chains * num_draws
+    flat = {k: v.reshape((total,) + v.shape[2:]) for k, v in samples.items()}
+    sizes = {name: math.prod(shape) for name, (shape, _) in sites.observed.items()}
+    num_bytes = sum(total * sizes[name] * dtype.itemsize for name, (_, dtype) in sites.observed.items())
+    if num_bytes > max_log_likelihood_bytes:
+        raise ValueError(_too_large(num_bytes, max_log_likelihood_bytes, num_chains, num_draws, sizes))
+    out = {
+        name: torch.empty((total,) + tuple(shape), dtype=dtype).numpy() for name, (shape, dtype) in sites.observed.items()
     }
+    vectorize = True
+    with torch.no_grad(), poutine.block():
+        for start in range(0, total, chunk_size):
+            stop = min(start + chunk_size, total)
+            if vectorize:
+                try:
+                    chunk = _vectorized(mcmc, {k: v[start:stop] for k, v in flat.items()}, sites.observed)
+                except Exception as error:  # noqa: BLE001 - any failure of the batched run: fall back
+                    vectorize = False
+                    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                    warnings.warn(
+                        f"the model does not broadcast over a leading sample dimension ({reason}), so the "
+                        "log-likelihood is evaluated one draw at a time (slower; arviz.from_pyro omits it). To batch "
+                        "it, write the model to broadcast, e.g. `(Xb @ w.unsqueeze(-1)).squeeze(-1)` instead of "
+                        "`Xb @ w`.",
+                        UserWarning,
+                        stacklevel=3,
+                    )
+                else:
+                    for name, values in chunk.items():
+                        out[name][start:stop] = values.cpu().numpy()
+                    continue
+            for i in range(start, stop):
+                for name, values in _one_draw(mcmc, {k: v[i] for k, v in flat.items()}, sites.observed).items():
+                    out[name][i] = values.cpu().numpy()
+    return {name: values.reshape((num_chains, num_draws) + values.shape[1:]) for name, values in out.items()}
 
 
-def to_inference_data(mcmc, log_likelihood=True, chunk_size=256, **kwargs):
+def to_inference_data(
+    mcmc: MCMC,
+    log_likelihood: bool = True,
+    chunk_size: int = 256,
+    max_log_likelihood_bytes: int = MAX_LOG_LIKELIHOOD_BYTES,
+    **kwargs: Any,
+) -> az.InferenceData:
     """``arviz.from_pyro`` for SG-MCMC runs.
 
     - ``log_likelihood``: the full-data pointwise log-likelihood of the observed sites (deterministic
-      sites left out), computed ``chunk_size`` draws at a time (see :func:`full_data_log_likelihood`);
-      ``False`` skips it (for very large ``N``).
+      sites left out), computed ``chunk_size`` draws at a time into a preallocated array (see
+      :func:`full_data_log_likelihood`; draw by draw, with a warning, for a model that does not broadcast
+      over a leading sample dimension); ``False`` skips it (for very large ``N``). Above
+      ``max_log_likelihood_bytes`` (default 1 GiB) it refuses with a ``ValueError`` that says what to do.
+      A run with local Gibbs sites (``gibbs_sites=``) gets no log-likelihood, with a warning: it would need
+      the local sites, which are not among the samples, marginalised.
     - ``observed_data`` holds the observed sites on their full data, without deterministic sites.
     - ``sample_stats.diverging`` marks the rejected non-finite steps among the draws; CSGLD and CSGHMC
       runs add ``log_weight`` and ``partition`` (see :func:`sample_stats`; ``arviz.from_pyro`` leaves
@@ -129,7 +245,8 @@ def to_inference_data(mcmc, log_likelihood=True, chunk_size=256, **kwargs):
     - A kernel built from ``potential_fn`` has no model: the result has ``posterior`` and
       ``sample_stats`` only.
 
-    Other keyword arguments go to :func:`arviz.from_pyro` (``coords``, ``dims``, ...).
+    Other keyword arguments go to :func:`arviz.from_pyro` (``coords``, ``dims``,
+    ``posterior_predictive=`` :func:`predictive` ``(mcmc, X)``, ...).
 
     **Example**::
 
@@ -155,13 +272,22 @@ def to_inference_data(mcmc, log_likelihood=True, chunk_size=256, **kwargs):
         )
     if mcmc.kernel.model is None:
         return idata
-    names = _observed_sites(mcmc)
+    sites = _sites(mcmc)
+    names = list(sites.observed)
     if "observed_data" in idata.groups():
         observed = idata.observed_data.drop_vars([name for name in idata.observed_data.data_vars if name not in names])
         used = {dim for name in observed.data_vars for dim in observed[name].dims}
         idata.observed_data = observed.drop_dims([dim for dim in observed.dims if dim not in used])
+    if log_likelihood and sites.local:
+        warnings.warn(
+            f"to_inference_data: no log_likelihood group: {_local_sites_message(sites.local)}. Pass "
+            "log_likelihood=False to silence this warning.",
+            UserWarning,
+            stacklevel=2,
+        )
+        log_likelihood = False
     if log_likelihood:
-        pointwise = full_data_log_likelihood(mcmc, chunk_size)
+        pointwise = full_data_log_likelihood(mcmc, chunk_size, max_log_likelihood_bytes)
         dims, coords = {}, {}
         if "observed_data" in idata.groups():
             observed = idata.observed_data
@@ -173,3 +299,49 @@ def to_inference_data(mcmc, log_likelihood=True, chunk_size=256, **kwargs):
             log_likelihood=az.dict_to_dataset(pointwise, library=pyro, dims=dims, coords=coords or None)
         )
     return idata
+
+
+def predictive(
+    mcmc: MCMC, *args: Any, return_sites: Sequence[str] = (), parallel: bool = False, **kwargs: Any
+) -> dict[str, torch.Tensor]:
+    """Posterior predictive draws of a run on the model's full data:
+    ``pyro.infer.Predictive(full_data(model), samples)(*args, **kwargs)`` with the run's samples of the
+    latent sites (deterministic sites are recomputed from them, for the new arguments).
+
+    Call it as you would call the model, without the observations (``predictive(mcmc, X_new)`` for
+    ``model(X, y=None)``). Every row of ``X_new`` gets a replicate per draw; ``Predictive(model,
+    samples)`` on the *subsampled* model would return a random minibatch of rows per draw instead,
+    silently.
+
+    :param mcmc: a finished :class:`pyro.infer.MCMC` run of an SG-MCMC kernel.
+    :param args: the model's positional arguments (new data, or the run's).
+    :param return_sites: the sites to return; default: the sample sites that are not among the samples
+        (the observed ones, and the deterministic ones), as ``Predictive`` returns them.
+    :param parallel: batch the draws in one run of the model (``Predictive(parallel=True)``; the model
+        must broadcast over a leading sample dimension); default: one run per draw.
+    :param kwargs: the model's keyword arguments.
+    :return: ``{site: tensor of shape (num_chains × num_draws, *site_shape)}``;
+        ``to_inference_data(mcmc, posterior_predictive=...)`` and ``az.from_pyro`` take it.
+
+    **Example** (a minibatch of 10 in the model, ``Xb @ w`` is fine; the predictive covers all 100 rows)::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> from ppl_sgmcmc.pyro import SGLD
+        >>> def model(X, y=None):
+        ...     w = pyro.sample("w", dist.Normal(0.0, 10.0).expand([2]).to_event(1))
+        ...     with pyro.plate("data", X.shape[0], subsample_size=10):
+        ...         Xb = pyro.subsample(X, event_dim=1)
+        ...         yb = pyro.subsample(y, event_dim=0) if y is not None else None
+        ...         pyro.sample("y", dist.Normal(Xb @ w, 1.0), obs=yb)
+        >>> X = torch.randn(100, 2)
+        >>> mcmc = MCMC(SGLD(model, step_size=1e-3), warmup_steps=10, num_samples=20, disable_progbar=True)
+        >>> mcmc.run(X, X.sum(-1))
+        >>> predictive(mcmc, X)["y"].shape
+        torch.Size([20, 100])
+    """
+    _check(mcmc)
+    deterministic = set(_sites(mcmc).deterministic)
+    samples = {name: values for name, values in mcmc.get_samples().items() if name not in deterministic}
+    model = Predictive(mcmc.kernel.model, samples, return_sites=return_sites, parallel=parallel)
+    return model(*args, **kwargs)

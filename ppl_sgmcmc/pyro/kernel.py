@@ -7,14 +7,17 @@ validated hyper-parameters; everything else is here. It mirrors
 ``diagnostics()`` and ``cleanup()``.
 """
 
+import warnings
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
+from pyro.distributions import constraints
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ppl_sgmcmc import _hyperparameters
+from ppl_sgmcmc import _checks, health
+from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.pyro.gibbs import GibbsTarget
 from ppl_sgmcmc.pyro.handlers import FullDataModel, as_tensors
 from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
@@ -37,6 +40,7 @@ class SGMCMCState(NamedTuple):
       redrawn (:func:`ppl_sgmcmc.rules.refresh_momentum`).
     - **num_diverging**: the number of rejected steps so far (warm-up included).
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.pyro.minibatch`).
+    - **gradient_state**: the gradient estimator's state (see :mod:`ppl_sgmcmc.gradients`).
 
     **Example** (the state after the first step)::
 
@@ -59,46 +63,28 @@ class SGMCMCState(NamedTuple):
     diverging: bool
     num_diverging: int
     batch_state: NamedTuple
+    gradient_state: Any
 
 
-class SGMCMCKernel(MCMCKernel):
-    """Base class: an SG-MCMC algorithm as a :class:`pyro.infer.mcmc.mcmc_kernel.MCMCKernel`.
+class SGMCMCKernel(Algorithm, MCMCKernel):
+    """Base class: an SG-MCMC algorithm (:mod:`ppl_sgmcmc.algorithms`) as a
+    :class:`pyro.infer.mcmc.mcmc_kernel.MCMCKernel`.
 
     Each call of :meth:`sample` draws a fresh minibatch for every subsampled plate of the model from
     the chain's own ``torch.Generator`` (seeded from Pyro's global RNG at :meth:`setup`, so
-    ``pyro.set_rng_seed`` makes runs reproducible) and applies the subclass's update rule once,
-    with one stochastic gradient ``∇Ũ_t``. Warm-up steps are burn-in: Pyro's ``MCMC`` discards them;
-    nothing adapts (the step-size schedule runs on through them). A step whose gradient or new state
-    is not finite is rejected: the chain keeps its last state (with a fresh momentum, for rules that have
-    one) and the step is counted as a divergence.
+    ``pyro.set_rng_seed`` makes runs reproducible) and applies the algorithm's update rule once per
+    step, with one stochastic gradient ``∇Ũ_t``. Warm-up steps are burn-in: Pyro's ``MCMC`` discards
+    them. A step whose gradient or new state is not finite is rejected: the chain keeps its last state
+    (with a fresh momentum, for rules that have one) and the step is counted as a divergence.
 
-    :param model: a Pyro model; its plates with ``subsample_size`` set are subsampled.
-    :param potential_fn: instead of a model, an energy ``potential_fn(z)``, or ``potential_fn(z, generator)``
-        returning a stochastic estimate (``generator``: the chain's ``torch.Generator``); needs
-        ``initial_params`` in :class:`~pyro.infer.mcmc.api.MCMC`.
-    :param step_size: ``h``: a positive float, or a schedule ``t -> h_t`` (see :mod:`ppl_sgmcmc.schedules`).
-    :param temperature: ``τ``; the target is ``exp(-U/τ)``.
-    :param replace: draw minibatch indices with replacement (default), or reshuffle each epoch.
-    :param steps_per_sample: SG-MCMC steps per call of :meth:`sample` (default 1), i.e. per draw that
-        Pyro's ``MCMC`` counts and keeps: with ``k`` here, ``MCMC(warmup_steps=W, num_samples=S)`` takes
-        ``k (W + S)`` steps and keeps every ``k``-th state. Pyro's ``MCMC`` has no thinning, and per
-        draw it logs the progress-bar string and copies the sample (about 0.1 ms, comparable to a small
-        model's step); ``k > 1`` amortises that and thins.
-    :param init_strategy: a Pyro init strategy (default ``init_to_uniform``, values uniform in (-2, 2)
-        in unconstrained space).
+    The arguments are those of :class:`~ppl_sgmcmc.algorithms.Algorithm` (``init_strategy`` defaults to
+    Pyro's ``init_to_uniform``; ``potential_fn(z, generator)`` and ``gibbs_fn(generator, ...)`` receive
+    the chain's ``torch.Generator``, see :mod:`ppl_sgmcmc.pyro.gibbs`), and:
+
     :param compile_potential: trace the potential and its gradient once into a graph of tensor
         operations and replay it every step (default; see :mod:`~ppl_sgmcmc.pyro.compile`); falls back
         to running the model eagerly, with a warning, if the model cannot be traced. ``False`` runs
         the model through Pyro's handlers every step.
-    :param gibbs_sites: names of local latent sites inside the subsampled plate (e.g. discrete topic
-        assignments) that ``gibbs_fn`` updates for each minibatch; the stochastic gradient then averages
-        the log joint's gradient over their sweeps (Fisher identity). See :mod:`ppl_sgmcmc.pyro.gibbs`
-        for the contract.
-    :param gibbs_fn: ``gibbs_fn(generator, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites``,
-        one conditional sweep of the local sites of the minibatch (data by closure).
-    :param gibbs_sweeps: ``(burn_in, kept)`` sweeps per gradient (default ``(5, 5)``).
-    :param gibbs_init: optional ``gibbs_init(generator, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites``
-        giving the sweeps' starting point from the local sites' prior draw (default: start at the prior draw).
 
     Deterministic sites are evaluated on the full data at every collected (post-warm-up) step and
     returned with the samples.
@@ -120,45 +106,13 @@ class SGMCMCKernel(MCMCKernel):
         torch.Size([200, 2])
     """
 
-    rule = None  # a module of ppl_sgmcmc.rules, set by subclasses
-    needs_score = False  # whether the rule reads the mean per-datum score ḡ_t (costs a second backward pass)
-    constrained = False  # True: the chain moves the latents in their own support (no transforms; SGRLD)
-
-    @property
-    def _score_kind(self):
-        """What the target's gradient must also return: ``"per_example"`` scores (rules with
-        ``PER_EXAMPLE_SCORES``, SGFS), the mean score (``True``) or nothing (``False``)."""
-        if getattr(self.rule, "PER_EXAMPLE_SCORES", False):
-            return "per_example"
-        return self.needs_score
+    warmup_arg = "warmup_steps"
+    state_type: type  # set below: SGMCMCState, or a subclass (ContourState)
     diagnostics_every = 100  # steps between refreshes of the progress-bar string
 
-    def __init__(
-        self,
-        model=None,
-        potential_fn=None,
-        *,
-        step_size,
-        temperature=1.0,
-        replace=True,
-        steps_per_sample=1,
-        init_strategy=init_to_uniform,
-        compile_potential=True,
-        gibbs_sites=None,
-        gibbs_fn=None,
-        gibbs_sweeps=(5, 5),
-        gibbs_init=None,
-    ):
-        gibbs = (gibbs_sites, gibbs_fn, gibbs_sweeps, gibbs_init)
-        self._step_size, self._temperature, self._steps_per_sample, self._gibbs = _hyperparameters.sampler(
-            model, potential_fn, step_size, temperature, steps_per_sample, gibbs, type(self).__name__
-        )
-        self._options = {}  # the algorithm's own rule keyword arguments (`_hyperparameters`), set by subclasses
-        self._model = model
+    def __init__(self, model=None, potential_fn=None, *, compile_potential=True, **kwargs):
+        super().__init__(model, potential_fn, **kwargs)
         self._full_data_model = None if model is None else FullDataModel(model)
-        self._potential_fn = potential_fn
-        self._replace = bool(replace)
-        self._init_strategy = init_strategy
         self._compile = bool(compile_potential)
         self.transforms = None  # {site: constrained -> unconstrained}, set by `setup`; read by MCMC
         self._initial_params = None
@@ -166,27 +120,14 @@ class SGMCMCKernel(MCMCKernel):
         self._release()
         self._divergences = []
         self._num_diverging = 0
+        self._records = {field: [] for field in self.sample_stats_fields}
 
-    # --- what subclasses provide -------------------------------------------------------------
-    def hyperparameters(self):
-        """The rule's keyword arguments besides ``step_size`` (``temperature`` included).
-
-        **Example**::
-
-            >>> from ppl_sgmcmc.pyro import SGLD
-            >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1, temperature=2.0).hyperparameters()
-            {'temperature': 2.0}
-        """
-        return {"temperature": self._temperature, **self._options}
-
-    def _logging_items(self, state):
-        return OrderedDict(
-            [
-                ("Ũ_t", f"{float(state.potential_energy):.4g}"),
-                ("h", f"{state.step_size:.2e}"),
-                ("div", state.num_diverging),
-            ]
-        )
+    @property
+    def _score_kind(self):
+        """What the target's gradient must also return, by ``rule.NEEDS``: ``"per_example"`` scores, the
+        mean score (``True``) or nothing (``False``)."""
+        needs = self.rule.NEEDS
+        return "per_example" if needs == "per_example" else needs == "score"
 
     # --- models ------------------------------------------------------------------------------
     @property
@@ -321,11 +262,18 @@ class SGMCMCKernel(MCMCKernel):
             >>> sorted(kernel.initial_params), float(kernel.transforms["scale"].inv(torch.tensor(0.0)))
             (['scale'], 1.0)
         """
-        name = type(self).__name__
+        name = self.name
+        resume = self._resume_from  # a chain to continue (`resume_from`), consumed once set up
         self._warmup_steps = warmup_steps
+        # the algorithm's warm-up windows are the chain's own, also when it continues without a warm-up
+        self._chain_warmup = warmup_steps if resume is None else resume.num_warmup
+        self._set_warmup(self._chain_warmup)
+        if resume is not None:
+            self._initial_params = dict(resume.state.z)
         args, kwargs = as_tensors(args), as_tensors(kwargs)
         if self._model is not None:
             target = self._make_target(args, kwargs)
+            self._check_target(target)
             self._warned_no_plate = self._warned_no_plate or not target.plate_sizes
             if self._initial_params is None:
                 self._initial_params = target.initial_params()
@@ -343,29 +291,33 @@ class SGMCMCKernel(MCMCKernel):
                 target.initial_params()  # raises: a potential_fn needs initial parameters
             self._initial_params = {k: torch.as_tensor(v) for k, v in self._initial_params.items()}
             target.set_layout(self._initial_params)
+        self._check_dimension(target, target.layout.size)
         self._target = target
         self.transforms = target.transforms
         self._initial_deterministic = target.check_full_data(target.layout.ravel(self._initial_params))
         self._generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
-        self._hyper = self.hyperparameters()
         self._state = None
         self._draws = 0
+        self._health = health.Reporter(name)
+        _checks.first_step_size(self.step_size_at(0), name)
         self._divergences = []
         self._num_diverging = 0
+        self._records = {field: [] for field in self.sample_stats_fields}
         self._logging = None
+        if resume is not None:
+            self._continue_chain(resume)
+            self._resume_from = None
 
     def _make_target(self, args, kwargs):
         """The model's stochastic potential (:class:`~ppl_sgmcmc.pyro.potential.ModelTarget`, or a
         :class:`~ppl_sgmcmc.pyro.gibbs.GibbsTarget` with local Gibbs sites), in the latents' own space
         if :attr:`constrained`."""
-        target_args = (self._model, args, kwargs, self._replace, type(self).__name__, self._init_strategy, self._compile)
+        init_strategy = self._init_strategy or init_to_uniform
+        target_args = (self._model, args, kwargs, self._replace, self.name, init_strategy, self._compile)
         options = dict(warn_no_plate=not self._warned_no_plate, constrained=self.constrained)
         if self._gibbs is None:
             return ModelTarget(*target_args, **options)
-        sites, fn, sweeps, init = self._gibbs
-        return GibbsTarget(
-            *target_args, **options, gibbs_sites=sites, gibbs_fn=fn, gibbs_sweeps=sweeps, gibbs_init=init
-        )
+        return GibbsTarget(*target_args, **options, gibbs=self._gibbs)
 
     def sample(self, params):
         """``steps_per_sample`` steps of the chain; returns the new unconstrained latent values (and,
@@ -395,8 +347,13 @@ class SGMCMCKernel(MCMCKernel):
         draw, self._draws = self._draws, self._draws + 1
         z = self._target.layout.unravel(self._flat)
         self._state = self._state._replace(z=z, diverging=diverging)
-        if diverging and draw >= self._warmup_steps:
-            self._divergences.append(draw - self._warmup_steps)
+        if self._draws & (self._draws - 1) == 0:  # at draws 1, 2, 4, 8, ...: cheap early warnings
+            self._report_health()
+        if draw >= self._warmup_steps:
+            if diverging:
+                self._divergences.append(draw - self._warmup_steps)
+            for field, values in self._records.items():
+                values.append(getattr(self._state.rule_state, field).item())
         if draw >= self._warmup_steps and self._target.deterministic_sites:
             return {**z, **self._target.deterministic(self._flat)}
         return dict(z)
@@ -406,31 +363,43 @@ class SGMCMCKernel(MCMCKernel):
         Returns whether the step was rejected."""
         state, flat = self._state, self._flat
         batch, batch_state = self._target.draw(self._generator, state.batch_state)
-        step_size = self.step_size_at(state.i)
-        new_flat, rule_state, gradient = self.rule.step(
-            flat,
-            state.rule_state,
-            lambda x: self._target.gradient(x, batch, self._score_kind),
-            self._normal(flat),
-            step_size,
-            **self._hyper,
+        grad_fn, gradient_state = self._estimator.estimate(
+            state.gradient_state, flat, lambda x: self._target.gradient(x, batch, self._score_kind), state.i
         )
-        # one reduction: a sum is finite only if its terms are (a non-finite gradient reaches the new state)
-        total = gradient.energy + new_flat.sum()
-        for leaf in rule_state:
-            if leaf is not None:  # e.g. CSGLD's momentum
-                total = total + leaf.sum()
-        if bool(torch.isfinite(total)):
+        step_size = self.step_size_at(state.i)
+        noise = self._normal(flat)
+        finite = False
+        if step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
+            new_flat, rule_state, gradient = self.rule_step(flat, state.rule_state, grad_fn, noise, state.i)
+            # one reduction each: a sum is finite only if its terms are
+            if bool(torch.isfinite(gradient.energy + gradient.grad.sum())):
+                self._finite_flat = flat  # a rejected step returns to the last point with a finite gradient
+                total = new_flat.sum()
+                for leaf in rule_state:
+                    if leaf is not None:  # e.g. CSGLD's momentum
+                        total = total + leaf.sum()
+                finite = bool(torch.isfinite(total))
+        if finite:
             self._flat = new_flat
             energy, diverging = gradient.energy, False
         else:
+            self._flat = self._finite_flat
             rule_state, energy, diverging = state.rule_state, state.potential_energy, True
+            gradient_state = state.gradient_state
             if has_momentum(rule_state):  # redraw the momentum that made the step diverge
-                rule_state = refresh_momentum(rule_state, self._normal(flat), self._hyper.get("temperature", 1.0))
+                rule_state = refresh_momentum(rule_state, self._normal(flat), self.temperature_at(state.i))
             self._num_diverging += 1
         # z is filled in once per draw, by `sample`
-        self._state = SGMCMCState(
-            state.i + 1, None, rule_state, energy, step_size, diverging, self._num_diverging, batch_state
+        self._state = self.state_type(
+            state.i + 1,
+            None,
+            rule_state,
+            energy,
+            step_size,
+            diverging,
+            self._num_diverging,
+            batch_state,
+            gradient_state,
         )
         return diverging
 
@@ -438,26 +407,38 @@ class SGMCMCKernel(MCMCKernel):
         params = self._initial_params if params is None else params
         flat = self._target.layout.ravel({name: params[name] for name in self._target.layout.names})
         flat = flat.to(torch.get_default_dtype()) if not flat.is_floating_point() else flat
-        self._flat = flat
-        self._state = SGMCMCState(
+        if self._start_warning:
+            warnings.warn(self._start_warning, UserWarning, stacklevel=3)
+        self._flat = self._finite_flat = flat
+        self._state = self.state_type(
             i=0,
             z=self._target.layout.unravel(flat),
-            rule_state=self.rule.init(flat, self._normal(flat), **self._hyper),
+            rule_state=self.rule_init(flat, self._normal(flat)),
             potential_energy=torch.full((), float("nan"), dtype=flat.dtype),
             step_size=self.step_size_at(0),
             diverging=False,
             num_diverging=0,
             batch_state=self._target.init_batch(self._generator),
+            gradient_state=self._estimator.init(flat),
         )
+
+    def _report_health(self):
+        """Warn, once per run and kind, when the chain shows a known failure (:mod:`ppl_sgmcmc.health`)."""
+        state = self._state
+        if state is not None:
+            flags, values = health.check(
+                state.i, state.num_diverging, state.step_size, self._flat, state.rule_state
+            )
+            self._health.report(flags.tolist(), values.tolist())
 
     def _normal(self, like):
         """Standard normal noise of the shape of ``like``, from the chain's generator."""
         return torch.randn(like.shape, generator=self._generator, dtype=like.dtype).to(like.device)
 
     def logging(self):
-        """The progress bar's postfix: ``Ũ_t``, the step size and the number of rejected steps,
-        refreshed every ``diagnostics_every`` steps (Pyro asks for it after every step); ``None``
-        before the first step.
+        """The progress bar's postfix, the items of :meth:`progress` (``Ũ_t``, the step size, the number of
+        rejected steps, the algorithm's own), refreshed every ``diagnostics_every`` steps (Pyro asks for it
+        after every step); ``None`` before the first step.
 
         **Example**::
 
@@ -474,13 +455,15 @@ class SGMCMCKernel(MCMCKernel):
         if state is None:
             return None
         if self._logging is None or self._draws % self.diagnostics_every == 1 or self.diagnostics_every == 1:
-            self._logging = self._logging_items(state)
+            self._logging = OrderedDict(self.progress(state))
         return self._logging
 
     def diagnostics(self):
         """``divergences``: the draws (post-warm-up indices) with a step rejected as non-finite,
         as ``arviz.from_pyro`` and ``MCMC.summary`` expect; ``num_diverging``: all rejected steps,
-        warm-up included.
+        warm-up included; and the algorithm's per-draw ``sample_stats_fields`` (lists over the kept
+        draws) and ``final_state_fields`` (CSGLD: ``log_weight``, ``partition``; ``theta``,
+        ``energy_min``, ``energy_gap``), one entry per chain in ``MCMC.diagnostics()``.
 
         **Example** (a step to an infinite energy is rejected: the chain stays where it was)::
 
@@ -492,10 +475,16 @@ class SGMCMCKernel(MCMCKernel):
             >>> kernel.sample(kernel.initial_params)["x"], kernel.diagnostics()
             (tensor([1., 1.]), {'divergences': [0], 'num_diverging': 1})
         """
-        return {"divergences": list(self._divergences), "num_diverging": self._num_diverging}
+        out = {"divergences": list(self._divergences), "num_diverging": self._num_diverging}
+        out.update({field: list(values) for field, values in self._records.items()})
+        if self._state is not None:
+            out.update({field: getattr(self._state.rule_state, field).tolist() for field in self.final_state_fields})
+        return out
 
     def cleanup(self):
-        """End of a chain: the next :meth:`setup` starts a new chain from new initial values.
+        """End of a chain: the next :meth:`setup` starts a new chain from new initial values (or continues
+        :attr:`resume_from`). The chain's final state, with its generator's, is kept as :attr:`last_state`
+        (Pyro's ``MCMC`` calls this at the end of every chain, and again after it: the second call keeps it).
 
         **Example**::
 
@@ -506,9 +495,14 @@ class SGMCMCKernel(MCMCKernel):
             >>> kernel.setup(warmup_steps=0)
             >>> _ = kernel.sample(kernel.initial_params)
             >>> kernel.cleanup()
-            >>> kernel.state is None, kernel.initial_params is None
-            (True, True)
+            >>> kernel.state is None, kernel.initial_params is None, kernel.last_state.state.i
+            (True, True, 1)
         """
+        state = self._state
+        if state is not None and state.z is not None and self._generator is not None:
+            from ppl_sgmcmc.checkpoint import ChainState
+
+            self._last_state = ChainState(state, self._generator.get_state(), self._chain_warmup)
         self._initial_params = None
         self._release()
 
@@ -520,10 +514,115 @@ class SGMCMCKernel(MCMCKernel):
         self._logging = None
         self._initial_deterministic = {}
         self._warmup_steps = 0
+        self._chain_warmup = 0
         self._draws = 0
+
+    @staticmethod
+    def _is_positive_support(support):
+        """Whether ``support`` is ``constraints.positive`` (or ``nonnegative``, torch's support of ``Gamma``,
+        ``Exponential``, ``HalfNormal``), possibly made independent over event dimensions."""
+        while isinstance(support, constraints.independent):
+            support = support.base_constraint
+        return support is constraints.positive or support is constraints.nonnegative
 
     def __getstate__(self):
         state = self.__dict__.copy()
         for key in ("_target", "_generator", "_state", "_flat", "_logging"):
             state[key] = None
         return state
+
+    # --- continuing a chain ------------------------------------------------------------------
+    _last_state = None  # the ChainState kept by `cleanup`
+    _resume_from = None  # the ChainState the next `setup` continues
+
+    @property
+    def last_state(self) -> Any:
+        """The chain's :class:`~ppl_sgmcmc.checkpoint.ChainState` at the end of its last run: its
+        :class:`SGMCMCState` (position, rule state, step counter, minibatch sampler), its generator's state
+        and its warm-up; ``None`` before the first run ends. :meth:`cleanup` keeps it (``MCMC.run`` ends
+        each chain with it; with chains drawn in sequence, it is the last chain's). It pickles, and so
+        does the kernel with it. Continue the chain with :attr:`resume_from`.
+
+        **Example**::
+
+            >>> import torch, pyro
+            >>> from pyro.infer import MCMC
+            >>> from ppl_sgmcmc.pyro import SGNHT
+            >>> kernel = SGNHT(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1)
+            >>> kernel.last_state is None
+            True
+            >>> MCMC(kernel, warmup_steps=10, num_samples=20, initial_params={"x": torch.ones(2)},
+            ...      disable_progbar=True).run()
+            >>> state = kernel.last_state
+            >>> state.state.i, state.state.rule_state.thermostat.shape, state.num_warmup
+            (30, torch.Size([2]), 10)
+        """
+        return self._last_state
+
+    @property
+    def resume_from(self) -> Any:
+        """A :class:`~ppl_sgmcmc.checkpoint.ChainState` (e.g. :attr:`last_state`, possibly unpickled in
+        another process) for the next :meth:`setup` to continue instead of starting a new chain: the
+        position, the rule's state, the step counter (and so the schedules), the minibatch sampler, the
+        number of rejected steps and the generator are the state's, and the algorithm keeps the chain's
+        first warm-up for its warm-up windows. ``MCMC(kernel, warmup_steps=0, num_samples=S2).run(...)``
+        after ``MCMC(kernel, warmup_steps=W, num_samples=S1)`` then gives exactly the draws ``S1 ...
+        S1 + S2`` of one run of ``W + S1 + S2`` steps, whatever Pyro's global seed. A nonzero
+        ``warmup_steps`` discards that many more draws of the continued chain. The first :meth:`setup`
+        consumes it (a later chain starts anew): one chain per ``MCMC`` (``num_chains=1``). Any
+        ``initial_params`` are ignored. ``None`` (default): start a new chain.
+
+        **Example** (30 draws, then 20 more: the last 20 draws of one run of 50)::
+
+            >>> import torch, pyro
+            >>> from pyro.infer import MCMC
+            >>> from ppl_sgmcmc.pyro import SGNHT
+            >>> def kernel():
+            ...     return SGNHT(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1)
+            >>> def run(kernel, warmup_steps, num_samples):
+            ...     mcmc = MCMC(kernel, warmup_steps=warmup_steps, num_samples=num_samples,
+            ...                 initial_params={"x": torch.ones(2)}, disable_progbar=True)
+            ...     mcmc.run()
+            ...     return mcmc.get_samples()["x"]
+            >>> pyro.set_rng_seed(0)
+            >>> whole = run(kernel(), 10, 50)
+            >>> pyro.set_rng_seed(0)
+            >>> first = kernel()
+            >>> _ = run(first, 10, 30)
+            >>> second = kernel()
+            >>> second.resume_from = first.last_state
+            >>> torch.equal(run(second, 0, 20), whole[30:]), second.last_state.state.i
+            (True, 60)
+        """
+        return self._resume_from
+
+    @resume_from.setter
+    def resume_from(self, state: Any) -> None:
+        from ppl_sgmcmc.checkpoint import ChainState
+
+        if state is not None and not isinstance(state, ChainState):
+            raise TypeError(
+                f"{self.name}: `resume_from` takes a ppl_sgmcmc.checkpoint.ChainState (a kernel's `last_state`), "
+                f"got {type(state).__name__}."
+            )
+        self._resume_from = state
+
+    def _continue_chain(self, resume: Any) -> None:
+        """Make the chain that :meth:`setup` has just set up the continuation of ``resume``."""
+        state, layout = resume.state, self._target.layout
+        if not isinstance(state, self.state_type):
+            raise TypeError(
+                f"{self.name}: `resume_from` holds a {type(state).__name__}, not a {self.state_type.__name__}: "
+                "continue a chain with a kernel of its own kind."
+            )
+        shapes = {name: tuple(state.z[name].shape) for name in layout.names}
+        expected = {name: tuple(layout.shapes[name]) for name in layout.names}
+        if shapes != expected:
+            raise ValueError(f"{self.name}: `resume_from` holds latents of shapes {shapes}; the model's are {expected}.")
+        self._flat = layout.ravel(state.z)
+        self._generator.set_state(resume.generator_state)
+        self._num_diverging = int(state.num_diverging)
+        self._state = state
+
+
+SGMCMCKernel.state_type = SGMCMCState

@@ -12,6 +12,9 @@ plate on them (:class:`~ppl_sgmcmc.pyro.handlers.subsample_plates`):
 The functions mirror :mod:`ppl_sgmcmc.numpyro.minibatch`, with a generator in place of a key.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -28,14 +31,22 @@ class BatchState(NamedTuple):
         BatchState(permutation={}, position={})
     """
 
-    permutation: dict
-    position: dict
+    #: ``{plate name: the epoch's permutation of 0..N-1}`` (int64 tensor of shape ``(N,)``).
+    permutation: dict[str, torch.Tensor]
+    #: ``{plate name: the index into the permutation where the next minibatch starts}``.
+    position: dict[str, int]
 
 
-def init(generator, plate_sizes, replace, device=None):
+def init(
+    generator: torch.Generator,
+    plate_sizes: Mapping[str, tuple[int, int]],
+    replace: bool,
+    device: torch.device | str | None = None,
+) -> BatchState:
     """The batch state at the start of the chain. ``plate_sizes``: ``{name: (N, n)}``.
 
     :param generator: the chain's ``torch.Generator`` (for the first epoch's permutations).
+    :param plate_sizes: ``{plate name: (N, n)}``.
     :param replace: draw with replacement (no state) or reshuffle each epoch.
     :param device: the device of the index tensors.
 
@@ -55,7 +66,13 @@ def init(generator, plate_sizes, replace, device=None):
     )
 
 
-def draw(generator, state, plate_sizes, replace, device=None):
+def draw(
+    generator: torch.Generator,
+    state: BatchState,
+    plate_sizes: Mapping[str, tuple[int, int]],
+    replace: bool,
+    device: torch.device | str | None = None,
+) -> tuple[dict[str, torch.Tensor], BatchState]:
     """The indices of each subsampled plate for one step, and the advanced batch state.
 
     :param generator: the chain's ``torch.Generator``.

@@ -9,8 +9,8 @@ Two kinds of target share one interface, used by :class:`~ppl_sgmcmc.pyro.kernel
   unconstrained ones) and sums the scaled log-densities, so the model's own ``N/n`` plate scale makes
   ``Ũ_t(θ) = -log p(θ) - (N/n) Σ_{i∈S_t} log p(x_i | θ)``, in unconstrained space with the
   log-Jacobian of the transforms. By default that evaluation and its gradient are traced once into a
-  graph of tensor operations (:mod:`~ppl_sgmcmc.pyro.compile`), which later steps replay without
-  running the model's Python code.
+  graph of tensor operations and compiled by ``torch.compile`` (:mod:`~ppl_sgmcmc.pyro.compile`);
+  later steps call the compiled graph without running the model's Python code.
 * :class:`PotentialTarget`: a user-written energy ``potential_fn(z)``, or ``potential_fn(z, generator)``
   returning a stochastic estimate ``Ũ_t(z)`` whose gradient is the stochastic gradient.
 
@@ -18,10 +18,12 @@ Two kinds of target share one interface, used by :class:`~ppl_sgmcmc.pyro.kernel
 ``gradient(flat, batch) -> StochasticGradient`` evaluates it.
 """
 
-import inspect
 import warnings
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any, NamedTuple
 
+import numpy as np
 import pyro
 import torch
 from pyro import poutine
@@ -30,7 +32,10 @@ from pyro.distributions.transforms import biject_to
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.subsample_messenger import SubsampleMessenger
 
+from ppl_sgmcmc import _model_checks
 from ppl_sgmcmc.pyro import compile as compile_
 from ppl_sgmcmc.pyro import minibatch
 from ppl_sgmcmc.pyro.handlers import full_data, is_subsample_site, subsample_plates
@@ -40,17 +45,134 @@ MAX_INIT_ATTEMPTS = 100
 
 
 @contextmanager
-def model_errors(kernel_name, doing):
-    """Re-raise the errors a model commonly hits under a kernel with what is wrong and how to fix it."""
+def model_errors(
+    kernel_name: str,
+    doing: str,
+    plates: Mapping[str, tuple[int, int]] | None = None,
+    data: tuple[tuple[Any, ...], Mapping[str, Any]] | None = None,
+) -> Iterator[None]:
+    """Re-raise the errors a model commonly hits under a kernel with what is wrong and how to fix it.
+
+    ``plates`` (``{name: (N, n)}``, read when an error is raised) and ``data`` (the model's ``(args,
+    kwargs)``) sharpen the hint (:func:`ppl_sgmcmc._model_checks.error_hint`); a
+    :class:`~ppl_sgmcmc._model_checks.ModelError` passes unchanged."""
     try:
         yield
+    except _model_checks.ModelError as err:
+        if isinstance(err.__cause__, _model_checks.ModelError):  # Pyro's trace appended its shapes: drop them
+            raise err.__cause__ from None
+        raise
     except NotImplementedError:  # a RuntimeError, raised with its own explanation (discrete or local latents)
         raise
     except (ValueError, TypeError, IndexError, RuntimeError) as err:
-        raise ValueError(
-            f"{kernel_name}: {doing} failed: {err}\nCheck that every array subsampled inside a plate has the "
-            "plate's size along the plate's dimension, and that the model runs on its data without the kernel."
-        ) from err
+        dtypes = None if data is None else _model_checks.data_dtypes(*data, torch.is_tensor)
+        hint = _model_checks.error_hint(str(err), plates, dtypes, "pyro")
+        raise ValueError(f"{kernel_name}: {doing} failed: {err}\n{hint}") from err
+
+
+class _Subsampled(NamedTuple):
+    """A tensor the model passed to ``pyro.subsample`` in the prototype trace."""
+
+    #: the ``subsample`` message; its value ends as the minibatch's rows (the object an observed site gets)
+    msg: dict[str, Any]
+    #: the whole tensor
+    array: Any
+    event_dim: int | None
+    #: the subsampled plate that indexes its rows, if one does
+    frame: _model_checks.Frame | None
+
+
+class _ModelRecorder(Messenger):
+    """Watches the prototype trace: refuses a bad ``subsample_size``, or a plate name declared again,
+    before the plate draws its indices; records the plates (:attr:`plates`, ``{name: (N, n)}``) and the
+    whole tensors passed to ``pyro.subsample`` (:attr:`subsampled`), for :meth:`ModelTarget._check_data`.
+    It keeps references only: no copy, no computation."""
+
+    def __init__(self, kernel_name: str) -> None:
+        super().__init__()
+        self.kernel_name = kernel_name
+        self.plates: dict[str, tuple[int, int]] = {}
+        self.subsampled: list[_Subsampled] = []
+
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
+        fn = msg["fn"]
+        if type(fn).__name__ != "_Subsample" or msg["value"] is not None:  # not a plate, or given its indices
+            return
+        name, size, n = msg["name"], fn.size, fn.subsample_size
+        if n is not None:
+            _model_checks.subsample_size(name, size, n, self.kernel_name, "pyro")
+        if name in self.plates and self.plates[name] == (size, size if n is None else n):
+            raise _model_checks.plate_constructed_twice(name, size, size if n is None else n, self.kernel_name)
+        _model_checks.plate_declared_again(self.plates, name, size, n, self.kernel_name, "pyro")
+
+    def _pyro_subsample(self, msg: dict[str, Any]) -> None:
+        if not msg["args"] or not torch.is_tensor(msg["args"][0]):
+            return
+        value, event_dim = msg["args"][0], msg["kwargs"].get("event_dim")
+        frames = [
+            _model_checks.Frame(handler.name, handler.dim, handler.size, handler.subsample_size)
+            for handler in reversed(_PYRO_STACK)
+            if isinstance(handler, SubsampleMessenger)
+            and handler.dim is not None
+            and isinstance(handler.subsample_size, int)
+            and handler.subsample_size < handler.size
+        ]
+        frame = _model_checks.rows_frame(frames, value.shape, event_dim)
+        self.subsampled.append(_Subsampled(msg, value, event_dim, frame))
+
+
+def _bad_mask(value: Any) -> np.ndarray | None:
+    """``None`` if the data ``value`` is finite (one ``isfinite`` reduction), else its mask of NaN and inf."""
+    if not torch.is_tensor(value) or not (value.is_floating_point() or value.is_complex()):
+        return None
+    with torch.no_grad():
+        finite = torch.isfinite(value)
+        return None if bool(finite.all()) else (~finite).cpu().numpy()
+
+
+def _check_finite(
+    value: torch.Tensor, what: str, frame: _model_checks.Frame | None, event_dim: int | None, kernel_name: str
+) -> None:
+    """Raise if the data ``value`` holds NaN or inf; the bad rows of ``frame`` are located only when
+    there are some."""
+    bad = _bad_mask(value)
+    if bad is None:
+        return
+    if frame is not None and event_dim is not None and bad.ndim >= event_dim - frame.dim:
+        rows = _model_checks.bad_rows(bad, frame.dim - event_dim)
+        raise _model_checks.nonfinite_data(what, rows, frame.name, frame.size, int(bad.sum()), kernel_name)
+    raise _model_checks.nonfinite_data(what, None, None, None, int(bad.sum()), kernel_name)
+
+
+def _explain_failure(
+    subsampled: list[_Subsampled],
+    model_args: tuple[Any, ...],
+    model_kwargs: Mapping[str, Any],
+    plates: Mapping[str, tuple[int, int]],
+    kernel_name: str,
+) -> None:
+    """After the model failed on its data: raise the non-finite-data error if NaN or inf in the tensors it
+    subsampled or in its arguments explain the failure (a distribution refusing NaN parameters, say)."""
+    _check_subsampled(subsampled, {}, kernel_name)
+    _model_checks.nonfinite_in_arguments(model_args, model_kwargs, torch.is_tensor, _bad_mask, plates, kernel_name)
+
+
+def _check_subsampled(subsampled: list[_Subsampled], observed: Mapping[int, str], kernel_name: str) -> set[str]:
+    """Check each tensor passed to ``pyro.subsample`` once for NaN and inf, named after the observed
+    site whose value it became (``observed``: ``{id(value): site name}``); return those sites' names."""
+    arrays: dict[int, tuple[_Subsampled, str | None]] = {}
+    for record in subsampled:
+        site = observed.get(id(record.msg["value"]))
+        if id(record.array) not in arrays or arrays[id(record.array)][1] is None:
+            arrays[id(record.array)] = (record, site)
+    for record, site in arrays.values():
+        what = (
+            f"observed site {site!r}"
+            if site is not None
+            else _model_checks.subsampled_array(tuple(record.array.shape), record.event_dim, "pyro")
+        )
+        _check_finite(record.array, what, record.frame, record.event_dim, kernel_name)
+    return {site for _, site in arrays.values() if site is not None}
 
 
 def _discrete_latent_error(kernel_name, name, fn):
@@ -257,7 +379,8 @@ class ModelTarget:
         self.replace = replace
         self.kernel_name = kernel_name
         self.init_strategy = init_strategy
-        model_trace, self.plate_sizes = self._prototype_trace()
+        recorder = _ModelRecorder(kernel_name)
+        model_trace, self.plate_sizes = self._prototype_trace(recorder)
         self.data_sites = frozenset(
             name
             for name, site in model_trace.nodes.items()
@@ -266,6 +389,7 @@ class ModelTarget:
             and any(f.name in self.plate_sizes for f in site["cond_indep_stack"])
         )
         latents = self._check_sites(model_trace)
+        self._check_data(model_trace, recorder.subsampled)
         self.deterministic_sites = [
             name
             for name, site in model_trace.nodes.items()
@@ -302,12 +426,23 @@ class ModelTarget:
         self._compiled = {}  # ("gradient", with_score) or ("deterministic",) -> traced graph, or None
 
     # --- structure -----------------------------------------------------------------------------
-    def _prototype_trace(self):
-        """A trace at the init strategy's values, plates on their first ``n`` indices (no O(N) draw)."""
+    def _prototype_trace(self, recorder: "_ModelRecorder | None" = None) -> tuple[Any, dict[str, tuple[int, int]]]:
+        """A trace at the init strategy's values, plates on their first ``n`` indices (no O(N) draw);
+        with a ``recorder``, the plates' sizes are checked and the subsampled tensors recorded (at init).
+        Returns ``(trace, {plate name: (N, n)})``."""
         plates = subsample_plates(None)
-        traced = poutine.trace(plates(_Init(self.init_strategy, self.kernel_name, self.local_sites)(self.model)))
-        with model_errors(self.kernel_name, "tracing the model"), pyro.validation_enabled(True):
-            model_trace = traced.get_trace(*self.model_args, **self.model_kwargs)
+        model = _Init(self.init_strategy, self.kernel_name, self.local_sites)(self.model)
+        traced = poutine.trace(plates(model if recorder is None else recorder(model)))
+        data = (self.model_args, self.model_kwargs)
+        try:
+            with model_errors(self.kernel_name, "tracing the model", plates.fixed, data), pyro.validation_enabled(True):
+                model_trace = traced.get_trace(*self.model_args, **self.model_kwargs)
+        except _model_checks.ModelError:
+            raise
+        except ValueError:  # NaN or inf in the data can make a distribution refuse its parameters: say so
+            if recorder is not None:
+                _explain_failure(recorder.subsampled, *data, recorder.plates, self.kernel_name)
+            raise
         return model_trace, plates.fixed
 
     def _check_sites(self, model_trace):
@@ -319,21 +454,64 @@ class ModelTarget:
                 raise _discrete_latent_error(self.kernel_name, name, site["fn"])
             if name in self.data_sites:
                 plates = [f.name for f in site["cond_indep_stack"] if f.name in self.plate_sizes]
-                raise NotImplementedError(
-                    f"{self.kernel_name}: latent site {name!r} lies inside the subsampled plate {plates[0]!r}; "
-                    "SG-MCMC kernels sample global latents only. Marginalise the local latent out of the "
-                    "likelihood, or move it outside the plate."
-                )
+                raise _model_checks.local_latent(name, plates[0], self.kernel_name, "pyro")
             latents.append(name)
         return latents
+
+    def _frames(self, site: Mapping[str, Any]) -> list[_model_checks.Frame]:
+        """The subsampled plates around a site."""
+        return [
+            _model_checks.Frame(f.name, f.dim, *self.plate_sizes[f.name])
+            for f in site["cond_indep_stack"]
+            if f.name in self.plate_sizes
+        ]
+
+    def _check_data(self, model_trace: Any, subsampled: list[_Subsampled]) -> None:
+        """Check, once at init, the observed sites in subsampled plates and their data: each site's shape
+        against its plates and distribution (:func:`ppl_sgmcmc._model_checks.site_shape`), each tensor
+        passed to ``pyro.subsample`` for NaN and inf (one ``isfinite`` reduction per tensor), and, if some
+        observed sites index their data themselves, their full data (one run of the full-data view)."""
+        observed = {}
+        for name in sorted(self.data_sites):
+            site = model_trace.nodes[name]
+            if site["type"] != "sample" or not site["is_observed"] or site["infer"].get("_deterministic"):
+                continue
+            fn = site["fn"]
+            _model_checks.site_shape(
+                name, site["value"].shape, fn.batch_shape, fn.event_shape, self._frames(site), self.kernel_name, "pyro"
+            )
+            observed[id(site["value"])] = name
+        unchecked = set(observed.values()) - _check_subsampled(subsampled, observed, self.kernel_name)
+        if not unchecked:
+            return
+        plates = ", ".join(f"{name!r} of size {size}" for name, (size, _) in self.plate_sizes.items())
+        data = (self.model_args, self.model_kwargs)
+        try:
+            with model_errors(self.kernel_name, f"running the model on its full data (plates {plates})",
+                              self.plate_sizes, data), pyro.validation_enabled(True), torch.no_grad():  # fmt: skip
+                full_trace = poutine.trace(full_data(self.model)).get_trace(*self.model_args, **self.model_kwargs)
+        except ValueError:
+            _explain_failure([], *data, self.plate_sizes, self.kernel_name)
+            raise
+        for name in sorted(unchecked):
+            site = full_trace.nodes[name]
+            event_dim = len(site["fn"].event_shape)
+            frame = _model_checks.rows_frame(self._frames(site), site["value"].shape, event_dim)
+            _check_finite(site["value"], f"observed site {name!r}", frame, event_dim, self.kernel_name)
 
     def check_full_data(self, flat):
         """Evaluate the full-data view once at ``flat`` (with Pyro's validation on) to catch shape errors
         early; return the deterministic sites' values there."""
         plates = ", ".join(f"{name!r} of size {size}" for name, (size, _) in self.plate_sizes.items())
         doing = "running the model on its full data" + (f" (plates {plates})" if plates else "")
-        with model_errors(self.kernel_name, doing), pyro.validation_enabled(True), torch.no_grad():
-            density = self._run(flat.detach(), {}, self.model_args, self.model_kwargs, full=True)
+        data = (self.model_args, self.model_kwargs)
+        try:
+            with model_errors(self.kernel_name, doing, self.plate_sizes, data), pyro.validation_enabled(True), \
+                    torch.no_grad():  # fmt: skip
+                density = self._run(flat.detach(), {}, self.model_args, self.model_kwargs, full=True)
+        except ValueError:
+            _explain_failure([], *data, self.plate_sizes, self.kernel_name)
+            raise
         return {name: density.deterministic[name] for name in self.deterministic_sites}
 
     def _run(self, flat, batch, model_args, model_kwargs, full=False, log_density=True, per_datum=False, local=None):
@@ -360,7 +538,8 @@ class ModelTarget:
         for _ in range(MAX_INIT_ATTEMPTS):
             params = {name: self._to_position[name](value).detach() for name, value in values.items()}
             flat = self.layout.ravel(params) if params else torch.zeros(0)
-            with model_errors(self.kernel_name, "computing the first stochastic gradient"):
+            with model_errors(self.kernel_name, "computing the first stochastic gradient", self.plate_sizes,
+                              (self.model_args, self.model_kwargs)):  # fmt: skip
                 gradient = self._eager_gradient(flat, self.first_batch, False)
             if torch.isfinite(gradient.energy) and torch.all(torch.isfinite(gradient.grad)):
                 return params
@@ -369,6 +548,8 @@ class ModelTarget:
                 for name, site in self._prototype_trace()[0].nodes.items()
                 if name in self._prototype_values
             }
+        # NaN or inf in data the model indexes itself (not checked at init) would explain it
+        _explain_failure([], self.model_args, self.model_kwargs, self.plate_sizes, self.kernel_name)
         raise ValueError(
             f"{self.kernel_name}: found no initial values with a finite potential and gradient in "
             f"{MAX_INIT_ATTEMPTS} draws of the init strategy; pass `initial_params` to `MCMC`."
@@ -458,9 +639,11 @@ class ModelTarget:
         ((name, (size, n)),) = self.plate_sizes.items()
         return name, size / n
 
-    def _compiled_fn(self, key, flat, batch):
-        """The traced graph of the gradient (``key = ("gradient", with_score)``) or of the deterministic
-        sites (``key = ("deterministic",)``); ``None`` if it is not traced."""
+    def _compiled_fn(self, key: tuple, flat: torch.Tensor, batch: object) -> compile_.CompiledFunction | None:
+        """The compiled graph of the gradient (``key = ("gradient", with_score)``) or of the deterministic
+        sites (``key = ("deterministic",)``), traced and compiled at its first use (at ``flat`` and
+        ``batch``) and kept; ``None`` if ``compile_potential=False`` or it could not be traced, compiled
+        or checked (:func:`ppl_sgmcmc.pyro.compile.trace` warned): then the model runs eagerly."""
         if key not in self._compiled:
             traced = (
                 compile_.trace(*self.traceable(key, flat, batch), self.kernel_name)
@@ -470,10 +653,12 @@ class ModelTarget:
             self._compiled[key] = traced
         return self._compiled[key]
 
-    def traceable(self, key, flat, batch):
+    def traceable(
+        self, key: tuple, flat: torch.Tensor, batch: object
+    ) -> tuple[Callable[..., tuple], tuple[torch.Tensor, ...], Callable[[Callable[..., tuple]], bool]]:
         """``(fn, example_inputs, check)`` for :func:`ppl_sgmcmc.pyro.compile.trace`: the gradient or the
         deterministic sites as a function of tensors only, ``(flat, *batch tensors, *model tensors)``,
-        and a check of a traced version against the model at ``flat`` and at a perturbed point."""
+        and a check of a compiled version against the eager model at ``flat`` and at a perturbed point."""
         self._arg_tensors, rebuild = _split_tensors((self.model_args, self.model_kwargs))
         batch_tensors = self._batch_tensors(batch) if key[0] == "gradient" else []
 
@@ -538,11 +723,8 @@ class PotentialTarget:
     def __init__(self, potential_fn, kernel_name):
         self.potential_fn = potential_fn
         self.kernel_name = kernel_name
-        try:
-            num_args = len(inspect.signature(potential_fn).parameters)
-        except (TypeError, ValueError):
-            num_args = 1
-        self.stochastic = num_args >= 2
+        # stochastic if the second positional parameter has no default: `f(z, scale=1.0)` is an energy of z
+        self.stochastic = _model_checks.is_stochastic_potential(potential_fn, kernel_name, "generator")
         self.data_size = 1
         self.plate_sizes = {}
         self.deterministic_sites = []

@@ -12,8 +12,13 @@ Every algorithm is a module with two functions over flat parameter vectors:
 
 The rules hold no PPL code, no random-number generation and no data-dependent Python control
 flow: they use arithmetic and the array-API namespace of their inputs only, so the same lines
-run on ``jax.numpy`` and ``torch`` arrays. The equations are those of ``ALGORITHMS.md``; each
-module's docstring restates its rule and cites its paper.
+run on ``jax.numpy`` and ``torch`` arrays. Each module's docstring states its rule and cites its paper.
+
+Each module declares what it reads from the gradient, ``NEEDS``: ``"gradient"`` (the energy and
+``∇Ũ_t``), ``"score"`` (also the mean per-datum score ``ḡ_t``) or ``"per_example"`` (also the ``n×d``
+per-datum scores); the backends compute no more than that. ``init`` and ``step`` take, as keyword
+arguments, only the hyper-parameters they use; ``step`` may also take ``step_index`` (the chain's
+0-based step count). Shared pieces: :mod:`~ppl_sgmcmc.rules.rms` (the RMSprop average).
 
 **Example** (the same rule on ``jax.numpy`` and on ``torch`` arrays; no noise: a gradient step)::
 
@@ -32,10 +37,7 @@ from typing import NamedTuple
 
 from array_api_compat import array_namespace
 
-from ppl_sgmcmc.rules import psgld, sghmc, sgld, sgnht
-from ppl_sgmcmc.rules import sgfs
-from ppl_sgmcmc.rules import csgld
-from ppl_sgmcmc.rules import sgrld
+from ppl_sgmcmc.rules import csgld, psgld, rms, sgfs, sghmc, sgld, sgnht, sgrld
 
 
 class StochasticGradient(NamedTuple):
@@ -47,7 +49,7 @@ class StochasticGradient(NamedTuple):
     (used by preconditioned rules; equal to ``-grad`` for targets without data).
     ``per_example``: the ``n×d`` matrix of per-datum log-likelihood gradients ``∇ log p(x_i|x)``,
     ``i ∈ S_t`` (rows average to ``score``), or ``None``. Backends compute it only for rule modules
-    that declare ``PER_EXAMPLE_SCORES = True`` (SGFS); it costs a per-datum gradient pass.
+    that declare ``NEEDS = "per_example"`` (SGFS); it costs a per-datum gradient pass.
 
     **Example** (at ``x`` for ``U(x) = |x|²/2``, a target without data)::
 
@@ -101,6 +103,7 @@ __all__ = [
     "has_momentum",
     "psgld",
     "refresh_momentum",
+    "rms",
     "sgfs",
     "sghmc",
     "sgld",

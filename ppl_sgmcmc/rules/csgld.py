@@ -1,6 +1,6 @@
 """Contour stochastic gradient Langevin dynamics (CSGLD) and its momentum version (CSGHMC):
 Deng, Lin & Liang, *A Contour Stochastic Gradient Langevin Dynamics Algorithm for Simulations of
-Multi-modal Distributions*, NeurIPS 2020 (paper 002; ``ALGORITHMS.md``, section CSGLD).
+Multi-modal Distributions*, NeurIPS 2020. The CSGLD algorithm page of the documentation derives it.
 
 The energy axis is cut into ``m`` bins by the grid ``u_k = u_min + k Δu`` (``k = 1..m-1``; bin 0 is
 ``(-∞, u_min + Δu]``, bin ``m-1`` is ``(u_min + (m-1) Δu, ∞)``). Written 0-based, the stochastic
@@ -29,8 +29,8 @@ that many steps. ``θ`` is floored at the dtype's smallest normal number so that
 (an exactly zero ``θ(j)`` could never grow again: its update is proportional to ``θ(j)^ζ``).
 
 **Above the grid** (``Ũ > u_min + m Δu``) ``Ψ`` is held at ``θ(m-1)`` and the multiplier is 1: the
-paper's last piece of eq. (5) extends the log-linear slope to ``+∞``, which gave single far-out draws
-log weights of +200 (all the weight of a run) on the paper's mixture.
+paper's last piece of eq. (5) extends the log-linear slope to ``+∞``, which can give a single far-out
+draw all the weight of a run.
 
 **Importance weights.** The samples follow ``ϖ``, not ``π``; each carries the log weight
 ``log w = ζ log Ψ_θ(Ũ(x))``, where the interpolated ``Ψ`` of eq. (5) is::
@@ -38,10 +38,9 @@ log weights of +200 (all the weight of a run) on the paper's mixture.
     log Ψ_θ(u) = log θ(j⁻) + (log θ(j) - log θ(j⁻)) (u - u_min - j Δu) / Δu      (j = j(u))
 
 (``weight="interpolated"``, the default: the exact weight of the density the chain samples, for any
-fixed ``θ``; with ``θ`` held at its learned value, the weighted mass of the left mode of the paper's
-mixture came out 0.401 ± 0.005 at ``h = 0.1``, truth 0.40), or the paper's ``log w = ζ log θ(j(x))``
+fixed ``θ``), or the paper's ``log w = ζ log θ(j(x))``
 (``weight="bin"``, the ``m → ∞`` limit of the former; at coarse grids it biases mode masses, see
-``ALGORITHMS.md``). ``θ`` in both is the estimate
+the algorithm page). ``θ`` in both is the estimate
 after this step's update, ``θ_k(J̃(x_k))`` of Theorem 2. Posterior expectations are
 ``Σ w f(x) / Σ w``, see :mod:`ppl_sgmcmc.importance`.
 
@@ -59,15 +58,16 @@ SGLD/SGHMC) and the weights are meaningless: ``u_min`` is the smallest minibatch
 steps, ``Δu`` the standard deviation of the minibatch energies over their second half. A grid below
 the lowest energy leaves bin 0 empty, its ``θ`` decays to 0 and the multiplier explodes in the first
 occupied bin; a ``Δu`` much finer than the energy's fluctuation amplifies the noise of ``log θ`` by
-``ζ τ / Δu`` (``ALGORITHMS.md``, measured notes).
+``ζ τ / Δu`` (the algorithm page has the measurements).
 """
 
 from typing import NamedTuple
 
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, device
 
 from ppl_sgmcmc.rules import sghmc, sgld
 
+NEEDS = "gradient"  # what the rule reads from the gradient (see ppl_sgmcmc.rules)
 INTEGRATORS = ("langevin", "euler", "splitting")
 WEIGHTS = ("interpolated", "bin")
 
@@ -127,25 +127,25 @@ def init(
     num_partitions,
     energy_min=None,
     energy_gap=None,
-    zeta=0.75,
-    sa_step_size=default_sa_step_size,
     calibration_steps=0,
-    adaptation_steps=None,
-    weight="interpolated",
     integrator="langevin",
-    friction=None,
     temperature=1.0,
+    initial_theta=None,
 ):
-    """Uniform ``θ``; the grid as given (placeholders while it is calibrated); CSGHMC's momentum
+    """Uniform ``θ`` (or ``initial_theta``); the grid as given (placeholders while it is calibrated); CSGHMC's momentum
     ``p ~ N(0, τ I)`` from the standard normal ``noise``.
 
     :param position: the chain's start ``x_0``, a flat array; the state takes its dtype.
     :param noise: ``ζ``, a standard normal draw of the shape of ``position`` (CSGHMC's momentum ``sqrt(τ) ζ``).
     :param num_partitions: ``m``, the number of energy bins.
-    :param energy_min: ``u_min``, or ``None`` to calibrate it (then ``calibration_steps >= 2``).
-    :param energy_gap: ``Δu``, or ``None`` to calibrate it (then ``calibration_steps >= 2``).
+    :param energy_min: ``u_min``, or ``None`` to calibrate it (then ``calibration_steps >= 2``, or 0 for a
+        chain continued from a state whose grid was calibrated).
+    :param energy_gap: ``Δu``, or ``None`` to calibrate it (likewise).
     :param integrator: ``"langevin"`` (CSGLD, no momentum, default), ``"euler"`` or ``"splitting"`` (CSGHMC).
-    :param temperature: ``τ`` (default 1). The other arguments are those of :func:`step` (unused here).
+    :param calibration_steps: steps with uniform ``θ`` that calibrate the grid (default 0).
+    :param temperature: ``τ`` (default 1).
+    :param initial_theta: ``θ``'s starting value (``m`` weights on the simplex) instead of the uniform one.
+        The other arguments are those of :func:`step`.
     :return: :class:`CSGLDState`.
     :raises ValueError: a grid to calibrate with fewer than 2 ``calibration_steps``.
 
@@ -160,7 +160,6 @@ def init(
         >>> csgld.init(x, noise, num_partitions=4, energy_min=0.0, energy_gap=1.0, integrator="splitting").momentum.tolist()
         [0.5, -0.5]
     """
-    del zeta, sa_step_size, adaptation_steps, weight, friction
     xp = array_namespace(position)
     dtype = position.dtype
     _check_calibration(energy_min, energy_gap, calibration_steps)
@@ -172,7 +171,11 @@ def init(
     return CSGLDState(
         position=position,
         momentum=momentum,
-        theta=xp.full((num_partitions,), 1.0 / num_partitions, dtype=dtype),
+        theta=(
+            xp.full((num_partitions,), 1.0 / num_partitions, dtype=dtype)
+            if initial_theta is None
+            else xp.asarray(initial_theta, dtype=dtype, device=device(position))
+        ),
         energy_min=scalar(0.0 if energy_min is None else energy_min),
         energy_gap=scalar(1.0 if energy_gap is None else energy_gap),
         energy_mean=scalar(0.0),
@@ -185,10 +188,11 @@ def init(
 
 
 def _check_calibration(energy_min, energy_gap, calibration_steps):
-    if (energy_min is None or energy_gap is None) and calibration_steps < 2:
+    # 0: no calibration, the state's grid is used as it is (a chain continued from its state)
+    if (energy_min is None or energy_gap is None) and calibration_steps == 1:
         raise ValueError(
             "csgld: a grid chosen from the chain (`energy_min` or `energy_gap` None) needs "
-            f"`calibration_steps >= 2`, got {calibration_steps}."
+            f"`calibration_steps >= 2` (or 0 to keep the state's grid), got {calibration_steps}."
         )
 
 
@@ -260,15 +264,16 @@ def step(
         >>> from ppl_sgmcmc.rules import StochasticGradient, csgld
         >>> def grad_fn(x):  # U(x) = |x|²/2: ∇U = x; no data, so the score is -∇U
         ...     return StochasticGradient(energy=(x * x).sum() / 2, grad=x, score=-x)
-        >>> hyper = dict(num_partitions=4, energy_min=0.0, energy_gap=1.0, sa_step_size=0.1)
+        >>> grid = dict(num_partitions=4, energy_min=0.0, energy_gap=1.0)  # init takes the grid only
+        >>> hyper = dict(grid, sa_step_size=0.1)
         >>> x, noise = jnp.array([1.0, -2.0]), jnp.array([0.5, -0.5])
-        >>> sample, state, gradient = csgld.step(x, csgld.init(x, noise, **hyper), grad_fn, noise, 0.1, **hyper)
+        >>> sample, state, gradient = csgld.step(x, csgld.init(x, noise, **grid), grad_fn, noise, 0.1, **hyper)
         >>> sample.tolist(), float(gradient.energy), int(state.partition)  # U = 2.5 lies in bin 2
         ([1.0, -2.0], 2.5, 2)
         >>> [round(v, 4) for v in state.theta.tolist()], round(float(state.multiplier), 4)
         ([0.2412, 0.2412, 0.2765, 0.2412], 1.1026)
         >>> t, z = torch.tensor([1.0, -2.0]), torch.tensor([0.5, -0.5])
-        >>> csgld.step(t, csgld.init(t, z, **hyper), grad_fn, z, 0.1, **hyper)[1].theta
+        >>> csgld.step(t, csgld.init(t, z, **grid), grad_fn, z, 0.1, **hyper)[1].theta
         tensor([0.2412, 0.2412, 0.2765, 0.2412])
     """
     del position

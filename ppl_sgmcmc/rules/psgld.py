@@ -6,12 +6,17 @@ With the mean per-datum score ``ḡ_t``, decay ``α`` and regulariser ``λ`` (``
     G = 1 ⊘ (λ + sqrt(V))
     θ ← θ - h G ⊙ ∇Ũ_t(θ) + sqrt(2 h τ G) ⊙ ζ
 
-The curvature correction ``Γ(θ)`` is dropped, as in the paper's experiments.
+The curvature correction ``Γ(θ)`` is dropped, as in the paper's experiments. The average ``V`` is the
+shared RMSprop transform :mod:`ppl_sgmcmc.rules.rms`.
 """
 
 from typing import NamedTuple
 
 from array_api_compat import array_namespace
+
+from ppl_sgmcmc.rules import rms
+
+NEEDS = "score"  # the rule reads the mean per-datum score ḡ_t (see ppl_sgmcmc.rules)
 
 
 class PSGLDState(NamedTuple):
@@ -28,11 +33,11 @@ class PSGLDState(NamedTuple):
     square_avg: object
 
 
-def init(position, noise, alpha=0.99, eps=1e-5, temperature=1.0):
+def init(position, noise):
     """Start the average at ``V = 0`` (the first step sets it to ``(1 - α) ḡ⊙ḡ``).
 
     :param position: the chain's start ``θ_0``, a flat array; ``V`` takes its shape and dtype.
-    :param noise: unused (no random state); also ``alpha``, ``eps`` and ``temperature``.
+    :param noise: unused (no random state).
     :return: :class:`PSGLDState` with ``square_avg = 0``.
 
     **Example**::
@@ -42,9 +47,8 @@ def init(position, noise, alpha=0.99, eps=1e-5, temperature=1.0):
         >>> psgld.init(jnp.ones(3), None).square_avg.tolist()
         [0.0, 0.0, 0.0]
     """
-    del noise, alpha, eps, temperature
-    xp = array_namespace(position)
-    return PSGLDState(xp.zeros_like(position))
+    del noise
+    return PSGLDState(rms.init(position))
 
 
 def step(position, state, grad_fn, noise, step_size, alpha=0.99, eps=1e-5, temperature=1.0):
@@ -78,7 +82,7 @@ def step(position, state, grad_fn, noise, step_size, alpha=0.99, eps=1e-5, tempe
     """
     xp = array_namespace(position)
     gradient = grad_fn(position)
-    square_avg = alpha * state.square_avg + (1 - alpha) * gradient.score * gradient.score
+    square_avg = rms.update(state.square_avg, gradient.score, alpha)
     preconditioner = 1 / (eps + xp.sqrt(square_avg))
     position = (
         position

@@ -32,12 +32,12 @@ Two additions to Algorithm 1, both off by default in the rule:
   likelihood.
 * ``fisher_window = m`` with ``num_warmup = W``: during the first ``W`` steps the average forgets
   (``κ_t = 1/min(t, m)``, a moving average of the last ~``m`` minibatches), so that the inflated scores
-  of a start far from the mode do not freeze the chain (see ALGORITHMS.md, SGFS practical notes);
+  of a start far from the mode do not freeze the chain (scores far from the mode are much larger);
   after warm-up the paper's ``1/t`` averaging resumes, counting the warm-up estimate as ``min(W, m)``
   minibatches. With ``W = 0`` or ``m = None`` the schedule is exactly ``κ_t = 1/t``.
 
 The rule reads the ``n×d`` matrix ``StochasticGradient.per_example`` of per-datum log-likelihood
-gradients; :data:`PER_EXAMPLE_SCORES` tells a backend to compute it.
+gradients; :data:`NEEDS` tells a backend to compute it.
 """
 
 import math
@@ -46,7 +46,7 @@ from typing import NamedTuple
 from array_api_compat import array_namespace, device, is_jax_namespace, is_numpy_namespace, is_torch_namespace
 
 #: This rule needs ``StochasticGradient.per_example`` (the ``n×d`` per-datum scores of the minibatch).
-PER_EXAMPLE_SCORES = True
+NEEDS = "per_example"
 
 FISHER_FORMS = ("full", "diagonal")
 
@@ -93,7 +93,17 @@ class SGFSState(NamedTuple):
     t: object
 
 
-def _check(d, fisher, B, max_full_dim):
+def check(d, fisher, B, max_full_dim):
+    """Raise :class:`SGFSConfigError` if ``fisher``, ``B`` or ``max_full_dim`` do not fit ``d`` parameters.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.rules import sgfs
+        >>> sgfs.check(3, "full", "fisher", max_full_dim=2)
+        Traceback (most recent call last):
+            ...
+        ppl_sgmcmc.rules.sgfs.SGFSConfigError: a full Fisher for d = 3 parameters (3×3 matrix, an O(d³) Cholesky ...
+    """
     if fisher not in FISHER_FORMS:
         raise SGFSConfigError(f"unknown fisher {fisher!r}; choose one of {', '.join(map(repr, FISHER_FORMS))}.")
     if fisher == "full" and d > max_full_dim:
@@ -118,17 +128,7 @@ def _check(d, fisher, B, max_full_dim):
         )
 
 
-def init(
-    position,
-    noise,
-    data_size=1,
-    fisher="full",
-    B="fisher",
-    ridge=0.0,
-    num_warmup=0,
-    fisher_window=None,
-    max_full_dim=MAX_FULL_DIM,
-):
+def init(position, noise, fisher="full", B="fisher", max_full_dim=MAX_FULL_DIM):
     """``Î_0 = 0`` (the first update has ``κ_1 = 1``, so ``Î_1 = V_1``), ``count = t = 0``.
 
     Raises :class:`SGFSConfigError` for a full Fisher of more than ``max_full_dim`` parameters or a ``B``
@@ -140,7 +140,7 @@ def init(
     :param B: ``"fisher"`` (default), ``"identity"``, a positive scalar, a vector of ``d`` entries or
         (full form only) a ``d×d`` matrix; checked against ``d`` here.
     :param max_full_dim: the largest ``d`` for ``fisher="full"`` (default :data:`MAX_FULL_DIM`).
-    :return: :class:`SGFSState`. The other arguments are those of :func:`step` (unused here).
+    :return: :class:`SGFSState`.
 
     **Example**::
 
@@ -149,9 +149,9 @@ def init(
         >>> sgfs.init(jnp.zeros(3), None).fisher.shape, sgfs.init(jnp.zeros(3), None, fisher="diagonal").fisher.shape
         ((3, 3), (3,))
     """
-    del noise, data_size, ridge, num_warmup, fisher_window
+    del noise
     d = position.shape[0]
-    _check(d, fisher, B, max_full_dim)
+    check(d, fisher, B, max_full_dim)
     xp = array_namespace(position)
     dev = device(position)
     shape = (d, d) if fisher == "full" else (d,)
@@ -192,7 +192,6 @@ def step(
     ridge=0.0,
     num_warmup=0,
     fisher_window=None,
-    max_full_dim=MAX_FULL_DIM,
 ):
     """One SGFS step (Algorithm 1, lines 4-9): update ``Î`` with this minibatch, then move.
 
@@ -231,7 +230,6 @@ def step(
         >>> sgfs.step(t, sgfs.init(t, z), grad_fn, z, step_size=1.0, data_size=100)[0]
         tensor([0.4423, 0.1654])
     """
-    del max_full_dim
     xp = array_namespace(position)
     dtype, dev = position.dtype, device(position)
     gradient = grad_fn(position)

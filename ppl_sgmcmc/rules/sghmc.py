@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 from array_api_compat import array_namespace
 
+NEEDS = "gradient"  # what the rule reads from the gradient (see ppl_sgmcmc.rules)
+
 
 class SGHMCState(NamedTuple):
     """The momentum ``p`` (identity mass), an array of the shape of ``θ``.
@@ -38,12 +40,12 @@ class SGHMCState(NamedTuple):
     momentum: object
 
 
-def init(position, noise, friction=None, integrator="splitting", temperature=1.0):
+def init(position, noise, temperature=1.0):
     """Draw the initial momentum ``p ~ N(0, τ I)`` from the standard normal ``noise``: ``p = sqrt(τ) ζ``.
 
     :param position: the chain's start ``θ_0`` (unused).
     :param noise: ``ζ``, a standard normal draw of the shape of ``position``.
-    :param temperature: ``τ`` (default 1); ``friction`` and ``integrator`` are unused.
+    :param temperature: ``τ`` (default 1).
     :return: :class:`SGHMCState`.
 
     **Example**::
@@ -53,7 +55,7 @@ def init(position, noise, friction=None, integrator="splitting", temperature=1.0
         >>> sghmc.init(jnp.zeros(2), jnp.array([0.5, -1.0]), temperature=4.0).momentum.tolist()
         [1.0, -2.0]
     """
-    del position, friction, integrator
+    del position
     return SGHMCState(temperature**0.5 * noise)
 
 

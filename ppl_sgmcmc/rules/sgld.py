@@ -7,6 +7,10 @@ Update, with step size ``h`` (Welling & Teh's ``ε/2``) and temperature ``τ``::
 
 from typing import NamedTuple
 
+#: What the rule reads from the gradient: ``"gradient"`` (``energy`` and ``grad``), ``"score"`` (also the
+#: mean per-datum score) or ``"per_example"`` (also the ``n×d`` per-datum scores).
+NEEDS = "gradient"
+
 
 class SGLDState(NamedTuple):
     """SGLD carries no auxiliary state: an empty tuple.
@@ -19,12 +23,11 @@ class SGLDState(NamedTuple):
     """
 
 
-def init(position, noise, temperature=1.0):
+def init(position, noise):
     """Return the (empty) SGLD state.
 
     :param position: the chain's start ``θ_0``, a flat array (unused).
     :param noise: a standard normal draw of the shape of ``position`` (unused).
-    :param temperature: ``τ`` (unused).
     :return: :class:`SGLDState` ``()``.
 
     **Example**::
@@ -34,7 +37,7 @@ def init(position, noise, temperature=1.0):
         >>> sgld.init(jnp.zeros(3), jnp.zeros(3))
         SGLDState()
     """
-    del position, noise, temperature
+    del position, noise
     return SGLDState()
 
 

@@ -28,6 +28,8 @@ from array_api_compat import array_namespace
 
 from ppl_sgmcmc.rules import sghmc
 
+NEEDS = "gradient"  # what the rule reads from the gradient (see ppl_sgmcmc.rules)
+
 
 class SGNHTState(NamedTuple):
     """The momentum ``p`` and the thermostat ``ξ`` (a vector, or a scalar for SGNHT).
@@ -61,14 +63,14 @@ def kinetic(momentum, multivariate):
     return squared if multivariate else xp.mean(squared)
 
 
-def init(position, noise, diffusion, multivariate=True, integrator="splitting", temperature=1.0):
+def init(position, noise, diffusion, multivariate=True, temperature=1.0):
     """Momentum ``p ~ N(0, τ I)`` (``p = sqrt(τ) ζ``) and thermostat ``ξ = D``.
 
     :param position: the chain's start ``θ_0``; ``ξ`` takes its dtype (and its shape if ``multivariate``).
     :param noise: ``ζ``, a standard normal draw of the shape of ``position``.
     :param diffusion: ``D``, the injected noise's diffusion and the thermostat's start.
     :param multivariate: ``ξ ∈ R^d`` (mSGNHT, default) or a scalar (SGNHT).
-    :param temperature: ``τ`` (default 1); ``integrator`` is unused.
+    :param temperature: ``τ`` (default 1).
     :return: :class:`SGNHTState`.
 
     **Example**::
@@ -81,7 +83,6 @@ def init(position, noise, diffusion, multivariate=True, integrator="splitting", 
         >>> sgnht.init(x, noise, diffusion=2.0, multivariate=False).thermostat.shape
         ()
     """
-    del integrator
     xp = array_namespace(position)
     shape = position.shape if multivariate else ()
     thermostat = xp.full(shape, diffusion, dtype=position.dtype)

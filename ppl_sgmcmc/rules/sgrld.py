@@ -12,13 +12,14 @@ With ``G = diag(θ)`` (so ``Γ = 1``) and the mirrored proposal of the paper::
 
 ``θ`` and ``∇Ũ_t`` are in the latents' own, positive space: no log transform and no Jacobian. For
 LDA in the expanded-mean parametrisation (``θ_kw ~ Gamma(β, 1)``, ``π_k = θ_k / Σ_w θ_kw``) the drift
-``-(θ ⊙ ∇Ũ_t - 1)`` is ``β - θ_kw + (D/|S_t|) Σ_{d∈S_t} E_{z_d}[n_dkw - π_kw n_dk·]``, the update of
-``ALGORITHMS.md``.
+``-(θ ⊙ ∇Ũ_t - 1)`` is ``β - θ_kw + (D/|S_t|) Σ_{d∈S_t} E_{z_d}[n_dkw - π_kw n_dk·]``, Patterson & Teh's update.
 """
 
 from typing import NamedTuple
 
 from array_api_compat import array_namespace
+
+NEEDS = "gradient"  # what the rule reads from the gradient (see ppl_sgmcmc.rules)
 
 
 class SGRLDState(NamedTuple):
@@ -32,10 +33,10 @@ class SGRLDState(NamedTuple):
     """
 
 
-def init(position, noise, temperature=1.0):
+def init(position, noise):
     """Return the (empty) SGRLD state.
 
-    :param position: the chain's (positive) start ``θ_0`` (unused); also ``noise`` and ``temperature``.
+    :param position: the chain's (positive) start ``θ_0`` (unused); also ``noise``.
     :return: :class:`SGRLDState` ``()``.
 
     **Example**::
@@ -45,7 +46,7 @@ def init(position, noise, temperature=1.0):
         >>> sgrld.init(jnp.ones(3), jnp.zeros(3))
         SGRLDState()
     """
-    del position, noise, temperature
+    del position, noise
     return SGRLDState()
 
 

@@ -1,4 +1,5 @@
-"""Semi-collapsed LDA (``models/lda.py``): the collapsed prior of the topic assignments, the
+"""Semi-collapsed LDA (``models/lda.py``, with ``models/lda_common.py``, ``models/lda_evaluation.py`` and
+``models/run_lda.py``): the collapsed prior of the topic assignments, the
 collapsed-Gibbs conditional against brute-force enumeration, the Fisher-identity gradient against the
 exact gradient of the collapsed marginal, topic recovery on a synthetic corpus, the perplexity
 functions on hand-computable cases, and a Reuters end-to-end run.
@@ -17,7 +18,7 @@ from jax.flatten_util import ravel_pytree
 from jax.scipy.special import logsumexp
 from numpyro.infer import MCMC
 
-from models import lda
+from models import lda, lda_common, lda_evaluation, run_lda
 from tests.helpers import K_SIGMA
 
 ALPHA = 0.1
@@ -59,7 +60,7 @@ def test_bundled_corpora(name, docs, vocab, tokens):
     matrix = corpus.matrix()
     assert matrix.shape == (docs, vocab) and matrix.sum() == tokens
     np.testing.assert_array_equal(np.asarray(matrix.sum(1)).ravel(), lengths)
-    words, mask = lda.pad_documents([corpus.tokens(d) for d in range(3)])
+    words, mask = lda_common.pad_documents([corpus.tokens(d) for d in range(3)])
     np.testing.assert_array_equal(mask.sum(1), lengths[:3])
     np.testing.assert_array_equal(words[0, : lengths[0]], corpus.tokens(0))
     if name == "reuters":
@@ -70,7 +71,7 @@ def test_prepare_corpus_splits():
     from models.datasets import load_corpus
 
     corpus = load_corpus("reuters")
-    data = lda.prepare_corpus(corpus)
+    data = lda_common.prepare_corpus(corpus)
     assert len(data.train_documents) == 316 and len(data.test_documents) == 79
     assert not set(data.train_documents) & set(data.test_documents)
     observed = sum(int(b[1].sum()) for b in data.held_out.buckets)
@@ -78,7 +79,7 @@ def test_prepare_corpus_splits():
     assert held == data.held_out.num_tokens and observed + held == corpus.lengths()[data.test_documents].sum()
     assert 0.19 < held / (observed + held) < 0.21
     # the split is fixed by the seed
-    again = lda.prepare_corpus(corpus)
+    again = lda_common.prepare_corpus(corpus)
     for a, b in zip(data.held_out.buckets, again.held_out.buckets):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
@@ -185,7 +186,7 @@ FISHER_ALPHA = 1.0
 
 
 def tiny_corpus():
-    return lda.pad_documents([np.array(d) for d in TINY_DOCS])
+    return lda_common.pad_documents([np.array(d) for d in TINY_DOCS])
 
 
 def exact_marginal_gradient(theta, parametrisation):
@@ -213,7 +214,7 @@ def test_fisher_identity_gradient_matches_the_collapsed_marginal(kernel_name):
     collapsed marginal (``gaussian``: in θ, which is unconstrained; ``expanded``: in θ's own positive space,
     as SGRLD uses it)."""
     words, mask = tiny_corpus()
-    kernel, parametrisation = lda.make_kernel(kernel_name, 1e-3, words, mask, alpha=FISHER_ALPHA, gibbs_sweeps=(4, 3))
+    kernel, parametrisation = run_lda.make_kernel(kernel_name, 1e-3, words, mask, alpha=FISHER_ALPHA, gibbs_sweeps=(4, 3))
     theta = jnp.array([[0.8, -0.3, 0.5], [0.2, 1.1, 0.4]])
     if parametrisation == "expanded":
         theta = jnp.abs(theta)
@@ -263,8 +264,8 @@ def test_recovers_known_topics(kernel_name, step_size):
     total-variation distance 0.1 of the true ones after Hungarian matching (unmatched topics are ~0.9
     apart; the posterior's own spread around the truth at this corpus size is ~0.03-0.05)."""
     truth, docs = synthetic_corpus()
-    words, mask = lda.pad_documents(docs)
-    kernel, parametrisation = lda.make_kernel(
+    words, mask = lda_common.pad_documents(docs)
+    kernel, parametrisation = run_lda.make_kernel(
         kernel_name, step_size, words, mask, alpha=ALPHA, gibbs_sweeps=(4, 4), steps_per_sample=20
     )
     mcmc = MCMC(kernel, num_warmup=50, num_samples=50, progress_bar=False)
@@ -284,7 +285,7 @@ def test_perplexity_by_hand():
     p = [np.array([[0.5, 0.25, 0.9], [0.1, 0.2, 0.3]]), np.array([[0.125]])]
     masks = [np.array([[True, True, False], [True, False, False]]), np.array([[True]])]
     # exp(-(log 0.5 + log 0.25 + log 0.1 + log 0.125) / 4) = (0.5 · 0.25 · 0.1 · 0.125)^(-1/4)
-    assert lda.perplexity(p, masks) == pytest.approx((0.5 * 0.25 * 0.1 * 0.125) ** -0.25, rel=1e-12)
+    assert lda_common.perplexity(p, masks) == pytest.approx((0.5 * 0.25 * 0.1 * 0.125) ** -0.25, rel=1e-12)
 
 
 def test_document_completion_by_hand():
@@ -292,7 +293,7 @@ def test_document_completion_by_hand():
     ``θ̂_k → (P(z = k) + α)/(1 + Kα)`` and a held-out token ``w`` gets ``Σ_k θ̂_k π_kw``; averaged over two
     posterior samples of ``π``."""
     samples = np.stack([TOPICS, TOPICS[::-1]])
-    held = lda.completion_split([np.array([1, 0, 2, 3, 3])], observed_fraction=0.2, num_buckets=1)
+    held = lda_common.completion_split([np.array([1, 0, 2, 3, 3])], observed_fraction=0.2, num_buckets=1)
     observed_words, _, held_words, held_mask = held.buckets[0]
     assert observed_words.shape == (1, 1) and held_mask.sum() == 4
     w_o = observed_words[0, 0]
@@ -301,7 +302,7 @@ def test_document_completion_by_hand():
         p_z = topics[:, w_o] / topics[:, w_o].sum()
         theta = (p_z + ALPHA) / (1 + NUM_TOPICS * ALPHA)
         expected += theta @ topics[:, held_words[0]] / len(samples)
-    accumulator = lda.PerplexityAccumulator(held, ALPHA, burn_in=0, kept=4000)
+    accumulator = lda_evaluation.PerplexityAccumulator(held, ALPHA, burn_in=0, kept=4000)
     for topics in samples:
         accumulator.add(topics)
     estimate = accumulator.sums[0][0] / accumulator.count
@@ -321,8 +322,8 @@ def test_reuters_end_to_end():
     reaches ~1500 at K = 20, ~1900 at K = 10)."""
     from models.datasets import load_corpus
 
-    data = lda.prepare_corpus(load_corpus("reuters"), num_buckets=1)
-    kernel, parametrisation = lda.make_kernel(
+    data = lda_common.prepare_corpus(load_corpus("reuters"), num_buckets=1)
+    kernel, parametrisation = run_lda.make_kernel(
         "mSGNHT-S", 1e-2, data.train_words, data.train_mask, alpha=ALPHA, gibbs_sweeps=(3, 2),
         parametrisation="expanded", steps_per_sample=100,
     )
@@ -332,8 +333,8 @@ def test_reuters_end_to_end():
         parametrisation=parametrisation,
     )
     topics = lda.topic_word(mcmc.get_samples()["theta"], parametrisation)
-    value = lda.held_out_perplexity(topics, data.held_out, ALPHA, burn_in=5, kept=5)
+    value = lda_evaluation.held_out_perplexity(topics, data.held_out, ALPHA, burn_in=5, kept=5)
     print("Reuters perplexity", value, "uniform", data.vocab_size)
-    print("\n".join(" ".join(t) for t in lda.top_words(topics.mean(0), data.vocab, 8)))
+    print("\n".join(" ".join(t) for t in lda_common.top_words(topics.mean(0), data.vocab, 8)))
     assert int(mcmc.last_state.num_diverging) == 0
     assert value < 0.6 * data.vocab_size

@@ -11,7 +11,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from models import lda, lda_pyro
+from models import lda, lda_common, lda_pyro
 from ppl_sgmcmc.pyro import SGNHT, SGRLD
 from tests.helpers import K_SIGMA
 from tests.models.test_lda import (
@@ -99,7 +99,7 @@ def test_recovers_known_topics():
     """As the NumPyro test: on 120 documents from a known 3-topic LDA, the posterior-mean topics of Pyro's
     mSGNHT-S (expanded mean) are within total-variation distance 0.1 of the true ones after matching."""
     truth, docs = synthetic_corpus()
-    words, mask = map(torch.as_tensor, lda.pad_documents(docs))
+    words, mask = map(torch.as_tensor, lda_common.pad_documents(docs))
     kernel = SGNHT(
         lda_pyro.lda_model, step_size=5e-3, diffusion=0.75, gibbs_sites=["z"], gibbs_sweeps=(2, 2),
         gibbs_fn=lda_pyro.make_gibbs_fn(words, mask, ALPHA, "expanded"),

@@ -245,6 +245,24 @@ def test_resume_continues_the_same_chain_theta_included():
     np.testing.assert_allclose(first.last_state.energy_min, whole.last_state.energy_min)
 
 
+def test_resume_in_a_new_mcmc_without_warmup():
+    """A chain continued in a new ``MCMC`` with ``num_warmup=0`` keeps the grid it calibrated (the kernel's
+    init only warns that a new chain would have none). The stochastic approximation counts its updates from
+    the calibration window, which the new kernel does not know, so the continuation follows the same chain
+    up to the slightly shifted ``ω_k`` schedule: equal to float32 rounding at first, drifting apart slowly."""
+    kernel = lambda: CSGLD(normal_mean, step_size=1e-2, num_partitions=20)  # noqa: E731
+    whole = run_model(kernel(), num_samples=60)
+    first = run_model(kernel(), num_samples=30)
+    second = MCMC(kernel(), num_warmup=0, num_samples=30, progress_bar=False)
+    second.post_warmup_state = first.last_state
+    with pytest.warns(UserWarning, match="continuing a chain from its state"):
+        second.run(first.last_state.rng_key, Y)
+    np.testing.assert_allclose(second.get_samples()["mu"][:5], whole.get_samples()["mu"][30:35], rtol=1e-4)
+    np.testing.assert_allclose(second.get_samples()["mu"], whole.get_samples()["mu"][30:], rtol=1e-3)
+    np.testing.assert_array_equal(second.last_state.energy_gap, first.last_state.energy_gap)
+    np.testing.assert_array_equal(second.last_state.energy_min, first.last_state.energy_min)
+
+
 def test_zeta_zero_is_sgld_exactly():
     """With ζ = 0 the multiplier is 1: the same chain as SGLD, each draw being the point of the next step's
     gradient (one step behind SGLD's draws)."""
@@ -281,7 +299,6 @@ def test_hyperparameter_errors(make, message):
 @pytest.mark.parametrize(
     "kernel, num_warmup, message",
     [
-        (lambda: CSGLD(normal_mean, step_size=1e-3), 0, r"choose the energy grid during the warm-up.*energy_gap"),
         (lambda: CSGLD(normal_mean, step_size=1e-3, calibration_steps=50), 20, r"`calibration_steps` \(50\) exceeds"),
         (lambda: CSGLD(normal_mean, step_size=1e-3, adapt_theta="warmup", energy_min=0.0, energy_gap=1.0), 0,
          "leaves no step for it"),
@@ -290,6 +307,13 @@ def test_hyperparameter_errors(make, message):
 def test_warmup_errors(kernel, num_warmup, message):
     with pytest.raises(ValueError, match=message):
         run_model(kernel(), num_warmup=num_warmup, num_samples=2)
+
+
+def test_csgld_auto_grid_without_warmup_warns():
+    """A new chain without warm-up cannot calibrate an "auto" grid: a warning names the fix (a chain
+    continued from its state, whose grid is calibrated, needs none, so this is not an error)."""
+    with pytest.warns(UserWarning, match=r"choose the energy grid during the warm-up.*energy_gap"):
+        run_model(CSGLD(normal_mean, step_size=1e-3), num_warmup=0, num_samples=2)
 
 
 def test_interpolated_weights_restore_a_gaussian_target():

@@ -1,20 +1,26 @@
-"""``compile.simplify`` against the graph as traced and against the eager model: value, gradient, score and
-per-datum scores, on models with constrained latents, observed sites with event dimensions and broadcasting.
+"""The compiled potential (``make_fx`` trace, then ``torch.compile``) against the graph as traced and against
+the eager model: value, gradient, score and per-datum scores, on models with constrained latents, observed
+sites with event dimensions and broadcasting; and the fallback to the eager model, with a warning, when a
+model's Python control flow depends on tensor values or when compiling fails or disagrees.
 
 The per-datum scores come from a batched backward (``is_grads_batched``) that ``make_fx`` records as
-``copy_`` into views of ``zeros`` buffers: ``simplify`` used to fold those buffers to constants (and to
-drop ``zeros_1 + zeros_2`` as ``x + 0``), which zeroed the column of a constrained latent.
+``copy_`` into views of ``zeros`` buffers: the hand-written FX simplifier that preceded ``torch.compile``
+folded those buffers to constants (and dropped ``zeros_1 + zeros_2`` as ``x + 0``), which zeroed the column
+of a constrained latent. The small hand-written graphs below keep checking in-place writes, aliasing and
+no-ops through the compiler.
 """
 
 import warnings
+from collections import OrderedDict
 
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from torch._dynamo.eval_frame import OptimizedModule
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ppl_sgmcmc.pyro import SGFS
+from ppl_sgmcmc.pyro import SGFS, SGLD
 from ppl_sgmcmc.pyro import compile as compile_
 
 aten = torch.ops.aten
@@ -102,17 +108,32 @@ def _assert_close(got, expected, what):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=lambda m: f"{what}: {m}")
 
 
+def _inductor_runs():
+    """How many graphs TorchInductor has compiled or loaded from its cache in this process."""
+    counters = torch._dynamo.utils.counters["inductor"]
+    return counters["fxgraph_cache_miss"] + counters["fxgraph_cache_hit"] + counters["fxgraph_cache_bypass"]
+
+
+@pytest.fixture
+def fresh_memo(monkeypatch):
+    """An empty memo of compiled graphs for the test (none compiled by other tests reused, none kept)."""
+    monkeypatch.setattr(compile_, "_memo", OrderedDict())
+
+
 @pytest.mark.parametrize("key", KEYS, ids=lambda k: str(k[1]))
 @pytest.mark.parametrize("name", list(MODELS))
-def test_simplified_graph_matches_traced_and_eager(name, key, data):
+def test_compiled_graph_matches_traced_and_eager(name, key, data, fresh_memo):
     target = _target(MODELS[name], data)
     points = _points(target)
     fn, inputs, _ = target.traceable(key, *points[0])
     always = lambda compiled: True  # noqa: E731 - compare here, not through the target's own check
     raw = compile_.trace(fn, inputs, always, "test", optimize=False)
+    before = _inductor_runs()
     simplified = compile_.trace(fn, inputs, always, "test", optimize=True)
     assert raw is not None and simplified is not None
-    assert len(simplified.graph.graph.nodes) < len(raw.graph.graph.nodes)  # simplify did something
+    assert isinstance(raw.graph, torch.fx.GraphModule)
+    assert isinstance(simplified.graph, OptimizedModule)  # torch.compile did something:
+    assert _inductor_runs() == before + 1  # one graph, whole (fullgraph=True), through Inductor
     for flat, batch in points * 2:  # twice: a call must not change the graph's buffers
         args = (flat, batch["data"], *target._arg_tensors)
         eager = target._eager_gradient(flat, batch, key[1])
@@ -122,15 +143,15 @@ def test_simplified_graph_matches_traced_and_eager(name, key, data):
         assert len(got) == len(got_raw) == len(expected)
         for what, a, b, e in zip(["energy", "grad", "score", "per_example"], got, got_raw, expected):
             _assert_close(b, e, f"{name} {what} (traced)")
-            _assert_close(a, e, f"{name} {what} (simplified)")
+            _assert_close(a, e, f"{name} {what} (compiled)")
         if key[1] == "per_example":
             assert bool((got[3].abs().sum(0) > 0).all())  # no column lost, constrained latents' included
             _assert_close(got[3].mean(0), got[2], f"{name} per-datum scores average to the score")
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_per_example_graph_is_simplified_and_used(name, data):
-    """The kernel traces and simplifies the per-datum score graph (no eager fallback, no unsimplified graph)."""
+def test_per_example_graph_is_compiled_and_used(name, data):
+    """The kernel traces and compiles the per-datum score graph (no eager fallback, no uncompiled graph)."""
     target = _target(MODELS[name], data)
     (flat, batch), _ = _points(target)
     with warnings.catch_warnings():
@@ -138,19 +159,19 @@ def test_per_example_graph_is_simplified_and_used(name, data):
         result = target.gradient(flat, batch, "per_example")
     compiled = target._compiled[("gradient", "per_example")]
     assert compiled is not None
-    assert any(n.op == "get_attr" and n.target.startswith("_folded") for n in compiled.graph.graph.nodes)
+    assert isinstance(compiled.graph, OptimizedModule)
     eager = target._eager_gradient(flat, batch, "per_example")
     _assert_close(result.per_example, eager.per_example, name)
 
 
-# --- simplify on small hand-written graphs: in-place writes, aliasing, no-ops ---------------------------------
+# --- the compiler on small hand-written graphs: in-place writes, aliasing, no-ops ------------------------------
 def _trace(fn, *inputs):
     return make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
 
 
 def _compare(fn, *inputs, calls=2):
     expected = fn(*inputs)
-    graph = compile_.simplify(_trace(fn, *inputs))
+    graph = compile_.compile_graph(_trace(fn, *inputs), inputs)
     for _ in range(calls):
         got = graph(*inputs)
         for a, b in zip(got, expected):
@@ -202,11 +223,221 @@ def test_constant_outputs_are_copies():
         return torch.ones(3) * 2.0, x * 1, x.detach()
 
     x = torch.randn(3)
-    graph = compile_.simplify(_trace(fn, x))
+    before = x.clone()
+    graph = compile_.compile_graph(_trace(fn, x), (x,))
     first = graph(x)
     for out in first:
         out.add_(100.0)
+    torch.testing.assert_close(x, before)  # x.detach() is returned as a copy, not as x
     second = graph(x)
     torch.testing.assert_close(second[0], torch.full((3,), 2.0))
     torch.testing.assert_close(second[1], x)
     assert second[1].data_ptr() != x.data_ptr()
+    assert second[2].data_ptr() != x.data_ptr()
+
+
+# --- models the trace cannot follow: the kernel falls back to the eager model, with a warning ----------------
+def _globals(X):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
+    return w, sigma
+
+
+def _regression(prior_scale):
+    def model(X, y, c):
+        w = pyro.sample("w", dist.Normal(0.0, prior_scale).expand([X.shape[1]]).to_event(1))
+        sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
+        with pyro.plate("data", X.shape[0], subsample_size=BATCH):
+            x, yb = pyro.subsample(X, event_dim=1), pyro.subsample(y, event_dim=0)
+            pyro.sample("y", dist.Normal(x @ w, sigma), obs=yb)
+
+    return model
+
+
+plain = _regression(1.0)  # no control flow: traced and compiled
+plain_wide_prior = _regression(3.0)  # the same operations on other constants
+
+
+def branch_on_minibatch_data(X, y, c):
+    w, sigma = _globals(X)
+    with pyro.plate("data", X.shape[0], subsample_size=BATCH):
+        x, yb = pyro.subsample(X, event_dim=1), pyro.subsample(y, event_dim=0)
+        loc = x @ w
+        if yb.sum() > 0:  # depends on which data the minibatch holds
+            loc = 2.0 * loc
+        pyro.sample("y", dist.Normal(loc, sigma), obs=yb)
+
+
+def branch_on_full_data(X, y, c):
+    w, sigma = _globals(X)
+    scale = 2.0 if y.sum() > 0 else 0.5  # a model argument's value: a graph input, unknown to the trace
+    with pyro.plate("data", X.shape[0], subsample_size=BATCH):
+        x, yb = pyro.subsample(X, event_dim=1), pyro.subsample(y, event_dim=0)
+        pyro.sample("y", dist.Normal(scale * (x @ w), sigma), obs=yb)
+
+
+def branch_on_latent(X, y, c):
+    w, sigma = _globals(X)
+    with pyro.plate("data", X.shape[0], subsample_size=BATCH):
+        x, yb = pyro.subsample(X, event_dim=1), pyro.subsample(y, event_dim=0)
+        loc = x @ w
+        if sigma > 1.0:  # a latent's value
+            loc = loc + w[0]
+        pyro.sample("y", dist.Normal(loc, sigma), obs=yb)
+
+
+def loop_on_data_value(X, y, c):
+    w, sigma = _globals(X)
+    with pyro.plate("data", X.shape[0], subsample_size=BATCH):
+        x, yb = pyro.subsample(X, event_dim=1), pyro.subsample(y, event_dim=0)
+        loc = x @ w
+        for _ in range(int((yb > 0).sum())):  # as many passes as the minibatch has positive y
+            loc = 0.9 * loc + 0.1 * w[1]
+        pyro.sample("y", dist.Normal(loc, sigma), obs=yb)
+
+
+def _hand_potential(name, flat, idx, X, y):
+    """``Ũ_t`` of the models above written by hand in torch (no Pyro), and which path its Python took."""
+    u, w = flat[0], flat[1:]  # sites sorted by name: sigma (as log sigma), then w
+    sigma = u.exp()
+    xb, yb = X[idx], y[idx]
+    loc, path = xb @ w, 0
+    if name == "branch_on_minibatch_data" and yb.sum() > 0:
+        loc, path = 2.0 * loc, 1
+    elif name == "branch_on_full_data":
+        loc, path = (2.0 if y.sum() > 0 else 0.5) * loc, 0
+    elif name == "branch_on_latent" and sigma > 1.0:
+        loc, path = loc + w[0], 1
+    elif name == "loop_on_data_value":
+        path = int((yb > 0).sum())
+        for _ in range(path):
+            loc = 0.9 * loc + 0.1 * w[1]
+    normal = torch.distributions.Normal
+    log_prior = normal(0.0, 1.0).log_prob(w).sum() + torch.distributions.HalfNormal(1.0).log_prob(sigma) + u
+    log_lik = normal(loc, sigma).log_prob(yb).sum()
+    return -(log_prior + X.shape[0] / BATCH * log_lik), path
+
+
+def _hand_gradient(name, flat, idx, X, y):
+    x = flat.detach().requires_grad_()
+    energy, path = _hand_potential(name, x, idx, X, y)
+    (grad,) = torch.autograd.grad(energy, x)
+    return energy.detach(), grad, path
+
+
+UNTRACEABLE = {
+    m.__name__: m for m in (branch_on_minibatch_data, branch_on_full_data, branch_on_latent, loop_on_data_value)
+}
+
+
+def _sgld_target(model, data, **kwargs):
+    kernel = SGLD(model, step_size=1e-3, **kwargs)
+    kernel.setup(0, *data)
+    target = kernel._target
+    assert target.layout.names == ["sigma", "w"]
+    return target
+
+
+def _two_paths(data):
+    """Two (point, minibatch) pairs: sigma 0.5 and 2, a minibatch of the largest and of the smallest y."""
+    X, y, _ = data
+    order = torch.argsort(y)
+    w = torch.tensor([0.3, -0.2, 0.5])
+    flats = [torch.cat([torch.tensor([float(torch.tensor(s).log())]), w]) for s in (0.5, 2.0)]
+    return [(flats[0], {"data": order[-BATCH:]}), (flats[1], {"data": order[:BATCH]})]
+
+
+@pytest.mark.parametrize("name", list(UNTRACEABLE))
+def test_data_dependent_control_flow_falls_back_to_eager(name, data):
+    """Control flow on the minibatch's data, on a model argument, on a latent, and a loop whose length is a
+    tensor's value: the trace raises, the kernel warns once and runs the model eagerly, and its potential and
+    gradient are the hand-written ones on every path the model's Python takes."""
+    target = _sgld_target(UNTRACEABLE[name], data)
+    points = _two_paths(data)
+    with pytest.warns(RuntimeWarning, match="could not trace the potential into a compiled graph"):
+        target.gradient(*points[0])
+    assert target._compiled[("gradient", False)] is None
+    paths = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # warned once, not at every step
+        for flat, batch in points * 2:
+            got = target.gradient(flat, batch)
+            energy, grad, path = _hand_gradient(name, flat, batch["data"], *data[:2])
+            paths.add(path)
+            _assert_close(got.energy, energy, f"{name} energy")
+            _assert_close(got.grad, grad, f"{name} gradient")
+    if name != "branch_on_full_data":
+        assert len(paths) == 2  # both paths taken: a graph with one path baked in would be wrong on the other
+
+
+def test_compiled_gradient_equals_eager_and_hand_written(data, fresh_memo):
+    """On a model without control flow the kernel uses the compiled graph (no warning), and its potential and
+    gradient equal the eager model's and the hand-written ones."""
+    target = _sgld_target(plain, data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for flat, batch in _two_paths(data) * 2:
+            got = target.gradient(flat, batch)
+            eager = target._eager_gradient(flat, batch, False)
+            energy, grad, _ = _hand_gradient("plain", flat, batch["data"], *data[:2])
+            for what, a, b in [("energy", got.energy, eager.energy), ("gradient", got.grad, eager.grad)]:
+                _assert_close(a, b, f"compiled vs eager {what}")
+            _assert_close(got.energy, energy, "compiled vs hand-written energy")
+            _assert_close(got.grad, grad, "compiled vs hand-written gradient")
+    assert isinstance(target._compiled[("gradient", False)].graph, OptimizedModule)
+
+
+def test_identical_graphs_share_one_compiled_module(data, fresh_memo):
+    """A second kernel of the same model on the same data reuses the compiled module; a model whose graph
+    differs only in its constants, or data of another size, gets its own, with its own (right) gradient."""
+    flat, batch = _two_paths(data)[0]
+    key = ("gradient", False)
+    targets = [_sgld_target(model, d) for model, d in [(plain, data), (plain, data), (plain_wide_prior, data)]]
+    X, y, c = data
+    small = (X[: N // 2], y[: N // 2], c[: N // 2])
+    targets.append(_sgld_target(plain, small))
+    batches = [batch] * 3 + [{"data": batch["data"] % (N // 2)}]
+    for target, b in zip(targets, batches):
+        got = target.gradient(flat, b)
+        eager = target._eager_gradient(flat, b, False)
+        _assert_close(got.energy, eager.energy, "energy")
+        _assert_close(got.grad, eager.grad, "gradient")
+    modules = [target._compiled[key].graph for target in targets]
+    assert modules[1] is modules[0]
+    assert modules[2] is not modules[0] and modules[3] is not modules[0]
+    assert modules[2]._orig_mod.code == modules[0]._orig_mod.code  # told apart by their constants only
+
+
+def test_failing_compiler_falls_back_to_eager(data, monkeypatch, fresh_memo):
+    """``torch.compile`` raising (no C++ compiler, an unsupported operation): warn, then run the model eagerly."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    target = _sgld_target(plain, data)
+    flat, batch = _two_paths(data)[0]
+    with pytest.warns(RuntimeWarning, match=r"could not trace the potential .*RuntimeError: no C\+\+ compiler"):
+        got = target.gradient(flat, batch)
+    assert target._compiled[("gradient", False)] is None
+    energy, grad, _ = _hand_gradient("plain", flat, batch["data"], *data[:2])
+    _assert_close(got.energy, energy, "energy")
+    _assert_close(got.grad, grad, "gradient")
+
+
+def test_compiled_graph_disagreeing_with_the_model_is_not_used(data, monkeypatch, fresh_memo):
+    """A compiled graph whose results differ from the eager model's at the check points is dropped, with a
+    warning, and the model runs eagerly."""
+
+    def wrong(graph, **kwargs):
+        return lambda *inputs: tuple(2.0 * out for out in graph(*inputs))
+
+    monkeypatch.setattr(torch, "compile", wrong)
+    target = _sgld_target(plain, data)
+    flat, batch = _two_paths(data)[1]
+    with pytest.warns(RuntimeWarning, match="the compiled graph disagrees with the model"):
+        got = target.gradient(flat, batch)
+    assert target._compiled[("gradient", False)] is None
+    energy, grad, _ = _hand_gradient("plain", flat, batch["data"], *data[:2])
+    _assert_close(got.energy, energy, "energy")
+    _assert_close(got.grad, grad, "gradient")

@@ -7,6 +7,7 @@ import torch
 from pyro import poutine
 
 from ppl_sgmcmc.pyro import FullDataModel, full_data, subsample_plates
+from ppl_sgmcmc.pyro.handlers import is_subsample_site
 from ppl_sgmcmc.pyro import minibatch
 
 
@@ -83,3 +84,34 @@ def test_minibatch_epochs_cover_every_index_once():
         assert len(set(seen.tolist())) == 9  # no index twice within an epoch
         epochs.append(seen)
     assert not torch.equal(epochs[0], epochs[1])  # reshuffled
+
+
+# --- full_data leaves no subsample site: Pyro's NUTS runs on it (the gold standard) -------------------
+def normal_mean(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", y.shape[0], subsample_size=10):
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+
+def test_full_data_trace_has_no_subsample_site():
+    tr = poutine.trace(full_data(model)).get_trace(X, Y)
+    assert not any(site["type"] == "sample" and is_subsample_site(site) for site in tr.nodes.values())
+    assert tr.nodes["data"]["fn"].size == 7 and tr.nodes["data"]["fn"].subsample_size is None
+    assert is_subsample_site(poutine.trace(model).get_trace(X, Y).nodes["data"])  # the model itself still subsamples
+
+
+def test_nuts_runs_on_the_full_data_view():
+    """``NUTS(full_data(model))``: Pyro's NUTS on all N points matches the conjugate posterior of a normal mean."""
+    from pyro.infer import MCMC, NUTS
+
+    from tests.helpers import K_SIGMA, mean_and_mcse
+
+    y = 1.5 + torch.randn(50, generator=torch.Generator().manual_seed(0))
+    precision = 1 / 10.0**2 + len(y)
+    post_mean, post_sd = float(y.sum()) / precision, precision**-0.5
+    mcmc = MCMC(NUTS(full_data(normal_mean)), warmup_steps=150, num_samples=300, disable_progbar=True)
+    mcmc.run(y)
+    draws = mcmc.get_samples(group_by_chain=True)["mu"].numpy()
+    mean, mcse = mean_and_mcse(draws)
+    assert abs(mean - post_mean) < K_SIGMA * mcse
+    assert abs(draws.std() / post_sd - 1) < 0.25

@@ -1,8 +1,12 @@
 """ArviZ conversion covers the full data, not one minibatch."""
 
+import subprocess
+import sys
+
 import arviz as az
 import numpy as np
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC
@@ -92,3 +96,126 @@ def test_predictive_on_the_full_data(mcmc, logistic_data):
     y = predictive(logistic_data[0])["y"]
     assert y.shape == (200, 200)
     assert torch.all((y == 0) | (y == 1))
+
+
+def test_predictive_helper_covers_every_row(mcmc, logistic_data):
+    """``predictive(mcmc, X)`` is ``Predictive(full_data(model), samples)``: one replicate of every row per draw
+    (``Predictive(model, samples)`` on the subsampled model would return 20 random rows per draw)."""
+    from pyro.infer import Predictive
+
+    from ppl_sgmcmc.pyro import full_data, predictive
+
+    X, y = logistic_data
+    assert Predictive(logistic_model, mcmc.get_samples())(X)["y"].shape == (200, 20)  # the trap itself
+    y_rep = predictive(mcmc, X)
+    assert y_rep["y"].shape == (200, 200) and torch.all((y_rep["y"] == 0) | (y_rep["y"] == 1))
+    samples = mcmc.get_samples()
+    torch.testing.assert_close(y_rep["scaled_w"].reshape(200, 2), samples["scale"][:, None] * samples["w"])
+    latents = {k: v for k, v in mcmc.get_samples().items() if k in ("w", "scale")}
+    pyro.set_rng_seed(3)
+    expected = Predictive(full_data(logistic_model), latents)(X[:50])["y"]
+    pyro.set_rng_seed(3)
+    torch.testing.assert_close(predictive(mcmc, X[:50])["y"], expected)  # new data of another size
+    idata = to_inference_data(mcmc, log_likelihood=False, posterior_predictive=y_rep)
+    assert idata.posterior_predictive["y"].shape == (2, 100, 200)
+    assert idata.posterior_predictive["y"].dims == idata.observed_data["y"].dims[:0] + ("chain", "draw", "y_dim_0")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    az.plot_ppc(idata, var_names=["y"], num_pp_samples=5, random_seed=0)
+
+
+def matmul_model(X, y=None):
+    """A logistic regression written the natural way, ``Xb @ w``: it does not broadcast over a leading
+    sample dimension of ``w``."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with pyro.plate("data", X.shape[0], subsample_size=20):
+        Xb = pyro.subsample(X, event_dim=1)
+        yb = pyro.subsample(y, event_dim=0) if y is not None else None
+        pyro.sample("y", dist.Bernoulli(logits=Xb @ w), obs=yb)
+
+
+def test_log_likelihood_of_a_model_that_does_not_broadcast(logistic_data):
+    X, y = logistic_data
+    mcmc = MCMC(SGNHT(matmul_model, step_size=1e-2), warmup_steps=20, num_samples=30, disable_progbar=True)
+    mcmc.run(X, y)
+    with pytest.warns(UserWarning, match="Could not get vectorized trace"):
+        assert "log_likelihood" not in az.from_pyro(mcmc).groups()  # ArviZ's own converter drops it
+    with pytest.warns(UserWarning, match=r"does not broadcast.*w.unsqueeze\(-1\)"):
+        idata = to_inference_data(mcmc, chunk_size=7)
+    np.testing.assert_allclose(idata.log_likelihood["y"].values, exact_pointwise_log_likelihood(mcmc, X, y),
+                               rtol=1e-4, atol=1e-5)  # fmt: skip
+    assert az.loo(idata).n_data_points == 200
+    from ppl_sgmcmc.pyro import predictive
+
+    assert predictive(mcmc, X)["y"].shape == (30, 200)
+
+
+def test_local_gibbs_sites_leave_the_log_likelihood_out():
+    """After a run with local Gibbs sites, the log-likelihood would need them marginalised: ``to_inference_data``
+    leaves it out with a warning that says why, instead of conditioning on a prior draw of them."""
+    from ppl_sgmcmc.pyro import SGLD
+
+    weights = torch.tensor([0.3, 0.7])
+
+    def mixture(x):
+        mu = pyro.sample("mu", dist.Normal(0.0, 3.0).expand([2]).to_event(1))
+        with pyro.plate("data", x.shape[0], subsample_size=8):
+            xb = pyro.subsample(x, event_dim=0)
+            z = pyro.sample("z", dist.Categorical(probs=weights))
+            pyro.sample("x", dist.Normal(mu[z], 1.0), obs=xb)
+
+    def gibbs_fn(generator, gibbs_sites, hmc_sites, subsample_indices):
+        logits = weights.log() + dist.Normal(hmc_sites["mu"], 1.0).log_prob(x[subsample_indices["data"], None])
+        return {"z": torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]}
+
+    x = torch.as_tensor(np.random.default_rng(1).normal(size=40), dtype=torch.float32)
+    mcmc = MCMC(SGLD(mixture, step_size=1e-3, gibbs_sites=["z"], gibbs_fn=gibbs_fn), warmup_steps=2, num_samples=5,
+                disable_progbar=True)  # fmt: skip
+    mcmc.run(x)
+    with pytest.warns(UserWarning, match=r"local Gibbs site\(s\) \['z'\].*marginalised"):
+        idata = to_inference_data(mcmc)
+    assert "log_likelihood" not in idata.groups()
+    assert idata.observed_data["x"].shape == (40,) and idata.posterior["mu"].shape == (1, 5, 2)
+    with pytest.raises(ValueError, match="local Gibbs site"):
+        full_data_log_likelihood(mcmc)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "log_likelihood" not in to_inference_data(mcmc, log_likelihood=False).groups()
+
+
+def test_log_likelihood_size_limit(mcmc):
+    with pytest.raises(ValueError, match=r"above max_log_likelihood_bytes=100000\. Pass log_likelihood=False"):
+        to_inference_data(mcmc, max_log_likelihood_bytes=100_000)  # 2 × 100 × 200 float32 = 160 kB
+    assert to_inference_data(mcmc, max_log_likelihood_bytes=160_000).log_likelihood["y"].shape == (2, 100, 200)
+
+
+PEAK_MEMORY_SCRIPT = """
+import resource, torch, pyro, pyro.distributions as dist
+from pyro.infer import MCMC
+from ppl_sgmcmc.pyro import SGLD, full_data_log_likelihood
+
+def model(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", y.shape[0], subsample_size=10):
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+mcmc = MCMC(SGLD(model, step_size=1e-5), warmup_steps=0, num_samples=200, disable_progbar=True)
+mcmc.run(torch.zeros(250_000))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+result = full_data_log_likelihood(mcmc, chunk_size=50)["y"]
+print(result.nbytes, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in kB (Linux)")
+def test_chunked_log_likelihood_peaks_at_the_result_size():
+    """The chunks fill one preallocated result: the peak memory grows by the result (200 MB) and a chunk, not
+    twice the result (chunks, then their concatenation)."""
+    out = subprocess.run([sys.executable, "-c", PEAK_MEMORY_SCRIPT], capture_output=True, text=True, check=True)
+    result_bytes, peak_growth = map(int, out.stdout.split())
+    assert result_bytes == 200 * 250_000 * 4
+    assert peak_growth < 1.5 * result_bytes

@@ -363,7 +363,6 @@ def test_sgfs_needs_a_model():
 @pytest.mark.parametrize(
     "kernel, warmup_steps, message",
     [
-        (lambda: CSGLD(normal_mean, step_size=1e-3), 0, r"choose the energy grid during the warm-up.*energy_gap"),
         (lambda: CSGLD(normal_mean, step_size=1e-3, calibration_steps=50), 20, r"`calibration_steps` \(50\) exceeds"),
         (lambda: CSGLD(normal_mean, step_size=1e-3, adapt_theta="warmup", energy_min=0.0, energy_gap=1.0), 0,
          "leaves no step for it"),
@@ -372,6 +371,23 @@ def test_sgfs_needs_a_model():
 def test_csgld_warmup_errors(kernel, warmup_steps, message):
     with pytest.raises(ValueError, match=message):
         run_model(kernel(), warmup_steps=warmup_steps, num_samples=2)
+
+
+def test_csgld_auto_grid_without_warmup_warns():
+    """A new chain without warm-up cannot calibrate an "auto" grid: a warning names the fix (a chain
+    continued from its state, whose grid is calibrated, needs none, so this is not an error)."""
+    with pytest.warns(UserWarning, match=r"choose the energy grid during the warm-up.*energy_gap"):
+        run_model(CSGLD(normal_mean, step_size=1e-3), warmup_steps=0, num_samples=2)
+
+
+def test_csgld_parent_setup_without_warmup():
+    """Pyro's ``MCMC`` calls ``kernel.setup(0, ...)`` in the parent process to read the transforms after
+    worker chains ran: with an "auto" grid that must neither raise nor warn (no chain starts there)."""
+    kernel = CSGLD(normal_mean, step_size=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernel.setup(0, Y)
+    assert "mu" in kernel.transforms
 
 
 def small_logistic(X, y, batch_size=10):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from ppl_sgmcmc.algorithms import call_kwargs
 from ppl_sgmcmc.rules import StochasticGradient, csgld, sghmc, sgld
 from tests.rules.test_rules import P0, X0, as_np, close, f32, gradient_np, make_grad_fn, noise_sequence
 
@@ -102,7 +103,8 @@ def test_literal_step():
     """
     grad_fn = lambda x: StochasticGradient(jnp.sum(x * x), 2 * x, -2 * x)  # noqa: E731
     hyper = dict(num_partitions=4, energy_min=0.0, energy_gap=1.0, zeta=0.5, sa_step_size=0.1)
-    state = csgld.init(jnp.array([1.5]), jnp.array([0.0]), **hyper)._replace(theta=jnp.array([0.4, 0.3, 0.2, 0.1]))
+    state = csgld.init(jnp.array([1.5]), jnp.array([0.0]), **call_kwargs(csgld.init, hyper))
+    state = state._replace(theta=jnp.array([0.4, 0.3, 0.2, 0.1]))
     sample, new, gradient = csgld.step(jnp.array([9.0]), state, grad_fn, jnp.array([0.5]), 0.1, **hyper)
     theta = np.array([0.4, 0.3, 0.2, 0.1]) + 0.1 * math.sqrt(0.2) * (np.array([0, 0, 1, 0]) - [0.4, 0.3, 0.2, 0.1])
     mult = 1 + 0.5 * math.log(theta[2] / theta[1])
@@ -127,7 +129,7 @@ def test_lowest_bin_and_above_the_grid():
     Above u_min + m Δu: Ψ is flat at θ(m-1), mult = 1, log w = ζ log θ(m-1) (no extrapolation)."""
     hyper = dict(num_partitions=3, energy_min=1.0, energy_gap=0.5, zeta=0.75, sa_step_size=1e-30)
     theta = jnp.array([0.7, 0.2, 0.1])
-    state = csgld.init(jnp.zeros(1), jnp.zeros(1), **hyper)._replace(theta=theta)
+    state = csgld.init(jnp.zeros(1), jnp.zeros(1), **call_kwargs(csgld.init, hyper))._replace(theta=theta)
     for energy, j in [(-5.0, 0), (1.3, 0), (2.4, 2), (40.0, 2)]:
         grad_fn = lambda x: StochasticGradient(jnp.asarray(energy), jnp.ones(1), -jnp.ones(1))  # noqa: B023, E731
         _, new, _ = csgld.step(jnp.zeros(1), state, grad_fn, jnp.zeros(1), 0.1, **hyper)
@@ -144,7 +146,7 @@ def test_theta_stays_positive():
     """A zero θ(j) could never grow again (its update is ∝ θ(j)^ζ): θ is floored at the smallest normal."""
     hyper = dict(num_partitions=3, energy_min=0.0, energy_gap=1.0, zeta=0.0, sa_step_size=0.999)
     grad_fn = lambda x: StochasticGradient(jnp.asarray(0.5), x, -x)  # noqa: E731
-    x, state = jnp.zeros(1), csgld.init(jnp.zeros(1), jnp.zeros(1), **hyper)
+    x, state = jnp.zeros(1), csgld.init(jnp.zeros(1), jnp.zeros(1), **call_kwargs(csgld.init, hyper))
     for _ in range(30):  # θ(1), θ(2) shrink by 1e-3 per step, past float32's range
         x, state, _ = csgld.step(x, state, grad_fn, jnp.zeros(1), 0.1, **hyper)
     assert float(state.theta[1]) == np.finfo(np.float32).tiny
@@ -158,7 +160,7 @@ def test_theta_stays_positive():
 def test_one_gradient_per_step_and_the_sample_is_its_point(integrator, where):
     calls = []
     hyper = dict(num_partitions=5, energy_min=0.0, energy_gap=1.0, integrator=integrator, friction=1.0)
-    state = csgld.init(*f32(X0, P0), **hyper)
+    state = csgld.init(*f32(X0, P0), **call_kwargs(csgld.init, hyper))
     if integrator == "langevin":
         assert state.momentum is None
     else:
@@ -178,7 +180,7 @@ def test_zeta_zero_is_sgld_or_sghmc_exactly(integrator):
     grad_fn = make_grad_fn(jnp.zeros(3))
     noises = noise_sequence(21, seed=5).astype(np.float32)
     x = jnp.asarray(X0, jnp.float32)
-    state = csgld.init(x, jnp.asarray(noises[0]), **hyper)
+    state = csgld.init(x, jnp.asarray(noises[0]), **call_kwargs(csgld.init, hyper))
     y, plain = x, (sgld.SGLDState() if integrator == "langevin" else sghmc.init(x, jnp.asarray(noises[0])))
     for noise in noises[1:]:
         _, state, _ = csgld.step(x, state, grad_fn, jnp.asarray(noise), 0.05, **hyper)
@@ -205,7 +207,7 @@ def test_calibration_sets_the_grid_and_freezes_theta():
     hyper = dict(num_partitions=8, energy_min=None, energy_gap=None, calibration_steps=C, sa_step_size=omega)
     grad_fn = make_grad_fn(jnp.zeros(3))
     noises = noise_sequence(C + 2, seed=6).astype(np.float32)
-    x, state = f32(X0)[0], csgld.init(*f32(X0, noises[0]), **hyper)
+    x, state = f32(X0)[0], csgld.init(*f32(X0, noises[0]), **call_kwargs(csgld.init, hyper))
     energies = []
     for noise in noises[1 : C + 1]:
         x, state, gradient = csgld.step(x, state, grad_fn, jnp.asarray(noise), 0.3, **hyper)
@@ -242,7 +244,7 @@ def run_trajectory(ref, to_array, num_steps=30):
     hyper = hyper_of(ref)
     noises = noise_sequence(num_steps + 1, seed=7).astype(np.float32)
     x = to_array(X0.astype(np.float32))
-    state = csgld.init(x, to_array(noises[0]), **hyper)
+    state = csgld.init(x, to_array(noises[0]), **call_kwargs(csgld.init, hyper))
     grad_fn = make_grad_fn(x)
     out = []
     for noise in noises[1:]:

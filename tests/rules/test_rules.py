@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from ppl_sgmcmc.algorithms import call_kwargs
 from ppl_sgmcmc.rules import StochasticGradient, psgld, sghmc, sgld, sgnht
 
 # --- a fixed, position-dependent stochastic gradient ------------------------------------------------
@@ -174,7 +175,7 @@ def test_sgnht_literal_steps():
 def test_psgld_literal_steps():
     # θ=1, ∇Ũ=2θ=2, ḡ=-0.5 (a score unrelated to the gradient), α=0.9, λ=0.01, h=0.1, ζ=1
     grad_fn = lambda x: StochasticGradient(x * x, 2 * x, -0.5 * x)  # noqa: E731
-    state = psgld.init(jnp.array([1.0]), None, alpha=0.9, eps=0.01)
+    state = psgld.init(jnp.array([1.0]), None)
     close(state.square_avg, [0.0])
     # V = 0.1·0.25 = 0.025; G = 1/(0.01 + 0.158113883) = 5.948326; θ = 1 - 0.1·G·2 + sqrt(0.2·G)
     x, new, _ = psgld.step(jnp.array([1.0]), state, grad_fn, jnp.array([1.0]), 0.1, alpha=0.9, eps=0.01)
@@ -242,7 +243,7 @@ def test_psgld_steps(temperature):
 def test_initial_states():
     x, z = f32(X0, P0)
     assert sgld.init(x, z) == sgld.SGLDState()
-    close(sghmc.init(x, z, friction=1.0, temperature=4.0).momentum, 2 * P0)
+    close(sghmc.init(x, z, temperature=4.0).momentum, 2 * P0)
     state = sgnht.init(x, z, diffusion=0.75, temperature=0.25)
     close(state.momentum, 0.5 * P0)
     close(state.thermostat, [0.75] * 3)
@@ -323,7 +324,7 @@ def run_trajectory(rule, hyper, step_size, to_array, num_steps=30):
     """States after each step; ``to_array`` turns float32 NumPy arrays into the backend's arrays."""
     noises = noise_sequence(num_steps + 1, seed=4).astype(np.float32)
     x = to_array(X0.astype(np.float32))
-    state = rule.init(x, to_array(noises[0]), **hyper)
+    state = rule.init(x, to_array(noises[0]), **call_kwargs(rule.init, hyper))
     grad_fn = make_grad_fn(x)
     out = []
     for zeta in noises[1:]:

@@ -16,6 +16,7 @@ import torch
 from array_api_compat import array_namespace
 
 from ppl_sgmcmc import rules
+from ppl_sgmcmc.algorithms import call_kwargs
 from ppl_sgmcmc.rules import StochasticGradient, sgfs
 
 # --- a fixed minibatch of n per-datum log-likelihoods, position dependent and non-linear -----------------
@@ -96,7 +97,7 @@ def ref_trajectory(zetas, eps, **hyper):
 
 def rule_trajectory(zetas, eps, to_array, **hyper):
     x = to_array(X0)
-    state = sgfs.init(x, None, data_size=N_DATA, **hyper)
+    state = sgfs.init(x, None, **call_kwargs(sgfs.init, hyper))
     grad_fn = make_grad_fn(x)
     out = []
     for zeta in zetas:
@@ -177,7 +178,7 @@ def test_fisher_average_schedule():
 def test_one_gradient_per_step_at_the_current_point():
     calls = []
     x = jnp.asarray(X0, jnp.float32)
-    state = sgfs.init(x, None, data_size=N_DATA)
+    state = sgfs.init(x, None)
     sgfs.step(x, state, make_grad_fn(x, calls), jnp.asarray(noise(1)[0], jnp.float32), 0.01, data_size=N_DATA)
     assert len(calls) == 1
     np.testing.assert_allclose(np.asarray(calls[0]), X0, rtol=1e-7)
@@ -193,7 +194,7 @@ def test_alpha_zero_is_noise_free_fisher_scoring(fisher):
     expected = x + 2 * np.linalg.solve(gamma_n * V, force_np(x))
     for B in ("fisher", "identity", B_VECTOR):
         for zeta in noise(2, seed=3):
-            state = sgfs.init(x, None, data_size=N_DATA, fisher=fisher, B=B)
+            state = sgfs.init(x, None, fisher=fisher, B=B)
             new, _, _ = sgfs.step(x, state, make_grad_fn(x), zeta, math.inf, data_size=N_DATA, fisher=fisher, B=B)
             np.testing.assert_allclose(new, expected, rtol=1e-12)
 
@@ -218,7 +219,7 @@ def test_small_step_is_preconditioned_sgld(fisher, B):
         Bm = B if np.ndim(B) == 2 else np.diag(B)
     L = np.linalg.cholesky(Bm)
     scale = np.linalg.norm(gamma_n * V, 2) / np.linalg.norm(Bm, 2)  # the error is about ε·scale/4
-    state = sgfs.init(x, None, data_size=N_DATA, fisher=fisher, B=B)
+    state = sgfs.init(x, None, fisher=fisher, B=B)
     errors = []
     for eps in np.array([1e-2, 1e-4, 1e-6]) / scale:
         hyper = dict(data_size=N_DATA, fisher=fisher, B=B)
@@ -268,9 +269,9 @@ def test_initial_state_and_declaration():
     assert int(state.count) == 0 and int(state.t) == 0
     assert sgfs.init(torch.zeros(3, dtype=torch.float64), None, fisher="diagonal").fisher.dtype == torch.float64
     assert sgfs.init(jnp.zeros(3), None, fisher="diagonal").fisher.shape == (3,)
-    assert sgfs.PER_EXAMPLE_SCORES is True
+    assert sgfs.NEEDS == "per_example"
     for name in ("sgld", "psgld", "sghmc", "sgnht"):
-        assert not getattr(getattr(rules, name), "PER_EXAMPLE_SCORES", False)
+        assert getattr(rules, name).NEEDS != "per_example"
     assert rules.StochasticGradient(1.0, 2.0, 3.0).per_example is None
 
 
@@ -292,7 +293,7 @@ def test_alpha_to_step_size():
 )
 def test_configuration_errors(hyper, match):
     with pytest.raises(sgfs.SGFSConfigError, match=match):
-        sgfs.init(jnp.zeros(3), None, **hyper)
+        sgfs.init(jnp.zeros(3), None, **call_kwargs(sgfs.init, hyper))
 
 
 def test_too_large_full_fisher_raises_before_allocating():

@@ -42,7 +42,7 @@ def ref_sgrld(x, zeta, h, tau=1.0):
 def trajectory(to_array, h, tau, num_steps=30):
     noises = np.random.default_rng(4).normal(size=(num_steps, X0.size)).astype(np.float32)
     x = to_array(X0.astype(np.float32))
-    state = sgrld.init(x, to_array(noises[0]), temperature=tau)
+    state = sgrld.init(x, to_array(noises[0]))
     grad_fn = make_grad_fn(x)
     out = []
     for zeta in noises:

@@ -1,0 +1,361 @@
+"""Checks of a model's plates and data at a kernel's init, with the messages both backends raise.
+
+The NumPyro and Pyro targets (``ppl_sgmcmc/numpyro/potential.py``, ``ppl_sgmcmc/pyro/potential.py``)
+read the same facts from a prototype trace (plate sizes, site shapes, the arrays a model subsamples)
+and hand them to these functions, so that the same bad input gets the same message on both backends.
+``ppl`` is the backend's module name, ``"numpyro"`` or ``"pyro"``, used to spell the fix.
+
+**Example**::
+
+    >>> from ppl_sgmcmc import _model_checks
+    >>> try:
+    ...     _model_checks.subsample_size("data", 200, 0, "SGLD", "numpyro")
+    ... except _model_checks.ModelError as err:
+    ...     print(err)
+    SGLD: plate 'data' has size N = 200 and subsample_size n = 0; subsample_size must be an integer with
+    1 <= n <= N (n = N uses all the data in every step). Declare `numpyro.plate('data', 200, subsample_size=n)`
+    with such an n.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import operator
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+#: How many bad rows a message lists before ``...``.
+MAX_ROWS_SHOWN = 5
+
+#: The hint :func:`error_hint` gives when it recognises nothing more specific.
+SHAPE_HINT = (
+    "Check that every array subsampled inside a plate has the plate's size along the plate's dimension, and that "
+    "the model runs on its data without the kernel."
+)
+
+_DTYPE_ERROR = re.compile(
+    r"dtype|scalar type|integer type|integer or boolean|used as indices|result type|"
+    r"not implemented for '(?:int|long|short|char|byte|bool|half|double|float)",
+    re.IGNORECASE,
+)
+_SHAPE_ERROR = re.compile(r"shape|broadcast|size of tensor|must match|dimension", re.IGNORECASE)
+
+
+class ModelError(ValueError):
+    """A mistake in a model or its data, found at a kernel's init; the message says what is wrong and
+    how to fix it. The backends' ``model_errors`` pass it on unchanged."""
+
+
+class Frame(NamedTuple):
+    """A subsampled plate around a site: its name, its dim (counted from the right of the batch
+    shape, negative), its size ``N`` and its subsample size ``n``."""
+
+    name: str
+    dim: int
+    size: int
+    subsample_size: int
+
+
+def subsample_size(plate: str, size: Any, n: Any, kernel: str, ppl: str) -> None:
+    """Refuse a ``subsample_size`` that is not an integer ``1 <= n <= N`` (``n = 0`` would sample the
+    prior, ``n > N`` or ``n < 0`` fail in the PPL with unrelated errors)."""
+    try:
+        value = operator.index(n)
+        full = operator.index(size)
+    except TypeError:
+        value = full = None
+    if isinstance(n, bool) or value is None or not 1 <= value <= full:
+        raise ModelError(
+            f"{kernel}: plate {plate!r} has size N = {size} and subsample_size n = {n!r}; subsample_size must be an "
+            f"integer with 1 <= n <= N (n = N uses all the data in every step). Declare "
+            f"`{ppl}.plate({plate!r}, {size}, subsample_size=n)` with such an n."
+        )
+
+
+def plate_declared_again(
+    seen: dict[str, tuple[int, int]], plate: str, size: int, n: int | None, kernel: str, ppl: str
+) -> None:
+    """Record the plate ``plate`` of size ``size`` and subsample size ``n`` in ``seen`` (``{name: (N, n)}``)
+    and refuse a name declared again with another size or subsample size, if either is subsampled: the
+    kernel draws one set of indices per plate name."""
+    n = size if n is None else n
+    if plate not in seen:
+        seen[plate] = (size, n)
+        return
+    first = seen[plate]
+    if first != (size, n) and (first[1] < first[0] or n < size):
+        raise ModelError(
+            f"{kernel}: plate {plate!r} is declared with size {first[0]} (subsample_size {first[1]}) and again with "
+            f"size {size} (subsample_size {n}). The kernel draws one minibatch of indices per plate name, so one of "
+            f"them would index its data with the other's rows. Give the second `{ppl}.plate` its own name, or "
+            "declare both with the same size and subsample_size."
+        )
+
+
+def plate_constructed_twice(plate: str, size: int, n: int, kernel: str) -> ModelError:
+    """Pyro: a subsampled plate constructed twice (Pyro records its indices as a sample site)."""
+    return ModelError(
+        f"{kernel}: plate {plate!r} (size {size}, subsample_size {n}) is constructed twice; Pyro records a plate's "
+        "indices as a sample site named after it, so the second `pyro.plate` fails. Build the plate once and enter "
+        f"it twice: `data = pyro.plate({plate!r}, {size}, subsample_size={n})`, then `with data: ...` each time."
+    )
+
+
+def rows_frame(frames: Sequence[Frame], shape: Sequence[int], event_dim: int | None) -> Frame | None:
+    """The first of ``frames`` along whose dim (left of ``event_dim`` event dims) an array of ``shape`` has
+    the plate's full size: the plate whose rows it holds.
+
+    **Example**::
+
+        >>> rows_frame([Frame("data", -1, 200, 20)], (200, 2), event_dim=1)
+        Frame(name='data', dim=-1, size=200, subsample_size=20)
+    """
+    if event_dim is None:
+        return None
+    for frame in frames:
+        dim = frame.dim - event_dim
+        if len(shape) >= -dim and shape[dim] == frame.size:
+            return frame
+    return None
+
+
+def bad_rows(bad: np.ndarray, dim: int) -> np.ndarray:
+    """The indices along ``dim`` of the boolean mask ``bad`` where any entry is set.
+
+    **Example**::
+
+        >>> import numpy as np
+        >>> bad_rows(np.array([[False, False], [False, True], [True, False]]), 0).tolist()
+        [1, 2]
+    """
+    bad = np.moveaxis(np.asarray(bad, dtype=bool), dim, 0)
+    return np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1))
+
+
+def nonfinite_data(
+    what: str, rows: Sequence[int] | None, plate: str | None, size: int | None, count: int, kernel: str
+) -> ModelError:
+    """The error for non-finite data: ``what`` names the data (``"observed site 'y'"``), ``rows`` are its bad
+    rows along the dim of the plate ``plate`` of size ``size`` (``plate=None``: along its first axis; ``rows=None``:
+    no rows to name; then ``count`` is the number of bad entries)."""
+    if rows is not None:
+        shown = ", ".join(str(int(i)) for i in rows[:MAX_ROWS_SHOWN]) + (", ..." if len(rows) > MAX_ROWS_SHOWN else "")
+        of = f"of plate {plate!r}" if plate is not None else "along its first axis"
+        where = f"at rows [{shown}] {of} ({len(rows)} of {size} rows)"
+    else:
+        where = f"({count} entries)"
+    return ModelError(
+        f"{kernel}: {what} has non-finite values (NaN or inf) {where}. A minibatch holding them would give a "
+        "non-finite gradient: the kernel would reject its steps as divergences or find no initial values. Drop or "
+        "impute those rows before sampling."
+    )
+
+
+def nonfinite_in_arguments(
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    is_array: Callable[[Any], bool],
+    bad_mask: Callable[[Any], np.ndarray | None],
+    plates: Mapping[str, tuple[int, int]],
+    kernel: str,
+) -> None:
+    """Raise :func:`nonfinite_data` for the first array in the model's arguments that holds NaN or inf
+    (``bad_mask(x)``: ``None`` if ``x`` is finite, else its mask of bad entries). Called when the model
+    failed, to say why; rows are counted along the first axis, named after a subsampled plate of that size."""
+    for label, array in argument_arrays(args, kwargs, is_array):
+        bad = bad_mask(array)
+        if bad is None:
+            continue
+        if bad.ndim == 0:
+            raise nonfinite_data(f"the model argument {label}", None, None, None, 1, kernel)
+        size = bad.shape[0]
+        plate = next((name for name, (full, n) in plates.items() if n is not None and n < full == size), None)
+        what = f"the model argument {label} (shape {_fmt(bad.shape)})"
+        raise nonfinite_data(what, bad_rows(bad, 0), plate, size, int(bad.sum()), kernel)
+
+
+def subsampled_array(shape: Sequence[int], event_dim: int | None, ppl: str) -> str:
+    """How a message names an array passed to ``subsample`` that no observed site uses as it is."""
+    return f"the array of shape {tuple(shape)} passed to `{ppl}.subsample(..., event_dim={event_dim})`"
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return str(tuple(int(s) for s in shape))
+
+
+def site_shape(
+    site: str,
+    value_shape: Sequence[int],
+    batch_shape: Sequence[int],
+    event_shape: Sequence[int],
+    frames: Sequence[Frame],
+    kernel: str,
+    ppl: str,
+) -> None:
+    """Check the value of a sample site inside subsampled plates (``frames``) against its distribution:
+    along each plate's dim it has the minibatch's size ``n`` (or 1), and broadcasting it with the
+    distribution's shape ``batch_shape + event_shape`` does not enlarge that shape (an observed ``y`` of
+    shape ``(N, 1)`` against a plate of size ``N`` at dim -1 would broadcast to ``(N, n)`` pairs)."""
+    value_shape, batch_shape, event_shape = tuple(value_shape), tuple(batch_shape), tuple(event_shape)
+    dist_shape = batch_shape + event_shape
+    event_dim = len(event_shape)
+    for frame in frames:
+        dim = frame.dim - event_dim
+        if len(value_shape) < -dim or value_shape[dim] in (1, frame.subsample_size):
+            continue
+        where = (
+            f"observed site {site!r} inside plate {frame.name!r} (size {frame.size}, subsample_size "
+            f"{frame.subsample_size}, dim {frame.dim}) has a value of shape {_fmt(value_shape)}"
+        )
+        if value_shape[dim] == frame.size:
+            raise ModelError(
+                f"{kernel}: {where}, with the plate's full size {frame.size} along dim {dim} instead of the minibatch's "
+                f"{frame.subsample_size}: the data are not subsampled. Wrap it in `{ppl}.subsample({site}, "
+                f"event_dim={event_dim})` (or index it with the plate's indices: `with {ppl}.plate(...) as idx:` and "
+                f"`obs={site}[idx]`)."
+            )
+        raise ModelError(
+            f"{kernel}: {where}, of size {value_shape[dim]} along dim {dim}; it must have the minibatch's size "
+            f"{frame.subsample_size} there. Subsample it with this plate (`{ppl}.subsample({site}, "
+            f"event_dim={event_dim})`)."
+        )
+    try:
+        broadcast = tuple(np.broadcast_shapes(value_shape, dist_shape))
+    except ValueError:
+        broadcast = None
+    if broadcast == dist_shape:
+        return
+    full = list(dist_shape)
+    for frame in frames:
+        if len(full) >= -(frame.dim - event_dim):
+            full[frame.dim - event_dim] = frame.size
+    plates = ", ".join(f"{f.name!r} (size {f.size}, subsample_size {f.subsample_size}, dim {f.dim})" for f in frames)
+    if broadcast is None:
+        effect = "which does not broadcast with it"
+    else:
+        effect = (
+            f"which broadcasts with it to {_fmt(broadcast)}: the log-likelihood would sum {math.prod(broadcast)} "
+            f"terms instead of {math.prod(dist_shape)}"
+        )
+    raise ModelError(
+        f"{kernel}: observed site {site!r} has a value of shape {_fmt(value_shape)} and its distribution the shape "
+        f"{_fmt(dist_shape)} (batch {_fmt(batch_shape)}, event {_fmt(event_shape)}) inside plate(s) {plates}, "
+        f"{effect}. Reshape the data of {site!r} to {_fmt(full)} (e.g. `y.reshape({', '.join(map(str, full))})`), or "
+        f"declare its trailing dimensions as an event: `{ppl}.subsample(y, event_dim=1)` and `.to_event(1)` on the "
+        "distribution."
+    )
+
+
+def local_latent(site: str, plate: str, kernel: str, ppl: str) -> NotImplementedError:
+    """The error for a latent site (not a local Gibbs site) inside a subsampled plate."""
+    return NotImplementedError(
+        f"{kernel}: latent site {site!r} lies inside the subsampled plate {plate!r}; SG-MCMC kernels move global "
+        "latents only. Marginalise the local latent out of the likelihood, move it outside the plate, or make it a "
+        f"local Gibbs site: `gibbs_sites=[{site!r}], gibbs_fn=...` redraws it from its conditional for each "
+        f"minibatch (see ppl_sgmcmc.{ppl}.gibbs)."
+    )
+
+
+def error_hint(
+    message: str, plates: Mapping[str, tuple[int, int]] | None, dtypes: Sequence[tuple[str, str]] | None, ppl: str
+) -> str:
+    """The hint appended to an error the model raised under a kernel: a dtype error says so (and lists
+    the data arguments' dtypes, ``dtypes``: ``[(label, dtype)]``); a shape error that names a subsampled
+    plate's size ``N`` and subsample size ``n`` (``plates``: ``{name: (N, n)}``) points at a missing
+    ``subsample``; anything else gets :data:`SHAPE_HINT`.
+
+    **Example**::
+
+        >>> print(error_hint("addmv tensors must have the same dtype", None, [("args[0]", "torch.float64")], "pyro"))
+        This is a dtype error, not a shape error: the model mixes arrays of different dtypes, or indexes (or
+        observes a discrete distribution) with floats. The data arguments: args[0] of dtype torch.float64. Give
+        continuous data the latents' floating dtype (`torch.get_default_dtype()`, e.g. `X.float()`), and integer
+        dtypes to indices and to the observations of discrete distributions such as Categorical.
+    """
+    if _DTYPE_ERROR.search(message):
+        listed = ", ".join(f"{label} of dtype {dtype}" for label, dtype in dtypes or ())
+        if ppl == "pyro":
+            floating = "`torch.get_default_dtype()`, e.g. `X.float()`"
+        else:
+            floating = "float32 unless `jax_enable_x64` is set, e.g. `jnp.asarray(X, jnp.float32)`"
+        return (
+            "This is a dtype error, not a shape error: the model mixes arrays of different dtypes, or indexes (or "
+            f"observes a discrete distribution) with floats.{f' The data arguments: {listed}.' if listed else ''} "
+            f"Give continuous data the latents' floating dtype ({floating}), and integer dtypes to indices and to "
+            "the observations of discrete distributions such as Categorical."
+        )
+    if _SHAPE_ERROR.search(message) and plates and "invalid shape of" not in message:
+        numbers = set(re.findall(r"\d+", message))
+        for name, (size, n) in plates.items():
+            if n is not None and n < size and str(size) in numbers and str(n) in numbers:
+                return (
+                    f"An array with the full size {size} of plate {name!r} met the minibatch's {n} rows: inside the "
+                    f"plate, pass every data array through `{ppl}.subsample(X, event_dim=...)` (or index it with the "
+                    "plate's indices) before using it."
+                )
+    return SHAPE_HINT
+
+
+def argument_arrays(
+    args: Sequence[Any], kwargs: Mapping[str, Any], is_array: Callable[[Any], bool]
+) -> list[tuple[str, Any]]:
+    """``[(label, array)]`` of the arrays in a model's arguments (nested tuples, lists and dicts).
+
+    **Example**::
+
+        >>> import numpy as np
+        >>> [(label, a.dtype.name) for label, a in argument_arrays(
+        ...     (np.zeros(2),), {"y": [np.arange(3)]}, lambda x: isinstance(x, np.ndarray))]
+        [('args[0]', 'float64'), ("kwargs['y'][0]", 'int64')]
+    """
+
+    def walk(tree: Any, label: str) -> list[tuple[str, Any]]:
+        if is_array(tree):
+            return [(label, tree)]
+        if isinstance(tree, (list, tuple)):
+            return [found for i, x in enumerate(tree) for found in walk(x, f"{label}[{i}]")]
+        if isinstance(tree, Mapping):
+            return [found for k, x in tree.items() for found in walk(x, f"{label}[{k!r}]")]
+        return []
+
+    return walk(tuple(args), "args") + walk(dict(kwargs), "kwargs")
+
+
+def data_dtypes(
+    args: Sequence[Any], kwargs: Mapping[str, Any], is_array: Callable[[Any], bool]
+) -> list[tuple[str, str]]:
+    """``[(label, dtype)]`` of the arrays in a model's arguments, for :func:`error_hint`."""
+    return [(label, str(array.dtype)) for label, array in argument_arrays(args, kwargs, is_array)]
+
+
+def is_stochastic_potential(potential_fn: Callable[..., Any], kernel: str, second: str) -> bool:
+    """Whether ``potential_fn`` is a stochastic energy ``f(z, second)``: it is when its second positional
+    parameter has no default (``f(z, scale=1.0)`` is an energy of ``z`` alone). A function that needs more
+    than two positional arguments is refused.
+
+    **Example**::
+
+        >>> is_stochastic_potential(lambda z, rng_key: 0.0, "SGLD", "rng_key")
+        True
+        >>> is_stochastic_potential(lambda z, scale=1.0: 0.0, "SGLD", "rng_key")
+        False
+    """
+    try:
+        parameters = list(inspect.signature(potential_fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    required = [p.name for p in positional if p.default is inspect.Parameter.empty]
+    if len(required) > 2:
+        raise TypeError(
+            f"{kernel}: `potential_fn` must take the latent values, `f(z)`, or the latent values and a {second}, "
+            f"`f(z, {second})`; it requires {len(required)} positional arguments ({', '.join(required)}). Give the "
+            "others defaults or bind them with `functools.partial`."
+        )
+    return len(positional) >= 2 and positional[1].default is inspect.Parameter.empty

@@ -1,0 +1,935 @@
+"""The SG-MCMC algorithms, each defined once for both backends.
+
+An algorithm here is everything about a sampler that does not depend on the PPL: its constructor's
+signature and argument checks, its update rule (a module of :mod:`ppl_sgmcmc.rules`, which declares
+what it needs from the gradient in ``NEEDS``), which hyper-parameters may follow a schedule, what it
+does with the warm-up, what it checks on the model, which per-draw statistics it records and its
+progress line. The NumPyro and Pyro kernels are one line each, the algorithm mixed into the
+backend's base class, which adds only what differs between the PPLs (tracing, log density, keys or
+generators, compilation, the MCMC driver's protocol)::
+
+    class SGNHT(algorithms.SGNHT, SGMCMCKernel):   # ppl_sgmcmc/numpyro/kernels.py
+        ...
+
+The algorithm pages of the documentation derive each update rule; the developer guide shows how to
+add an algorithm (one rule module, one class here, one line per backend).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from types import ModuleType
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from ppl_sgmcmc import _checks, gradients
+from ppl_sgmcmc.rules import csgld as csgld_rule
+from ppl_sgmcmc.rules import psgld as psgld_rule
+from ppl_sgmcmc.rules import sgfs as sgfs_rule
+from ppl_sgmcmc.rules import sghmc as sghmc_rule
+from ppl_sgmcmc.rules import sgld as sgld_rule
+from ppl_sgmcmc.rules import sgnht as sgnht_rule
+from ppl_sgmcmc.rules import sgrld as sgrld_rule
+
+__all__ = [
+    "CSGHMC",
+    "CSGLD",
+    "INTEGRATORS",
+    "PSGLD",
+    "SGFS",
+    "SGHMC",
+    "SGLD",
+    "SGNHT",
+    "SGRLD",
+    "Algorithm",
+    "ContourFields",
+    "GibbsOptions",
+]
+
+INTEGRATORS = ("splitting", "euler")  # SGHMC's, SGNHT's and CSGHMC's momentum integrators
+
+
+class GibbsOptions(NamedTuple):
+    """A kernel's local Gibbs sites, checked (see the user guide's "Local Gibbs sites" page).
+
+    - **sites**: the names of the local latent sites inside the subsampled plate.
+    - **fn**: one conditional sweep of those sites for the minibatch.
+    - **sweeps**: ``(burn_in, kept)`` sweeps per stochastic gradient.
+    - **init**: the sweeps' starting point from the prior draw, or ``None``.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.algorithms import GibbsOptions
+        >>> GibbsOptions(sites=("z",), fn=print, sweeps=(5, 5), init=None).sweeps
+        (5, 5)
+    """
+
+    sites: tuple[str, ...]
+    fn: Callable[..., Any]
+    sweeps: tuple[int, int]
+    init: Callable[..., Any] | None
+
+
+@functools.cache
+def _parameters(fn: Callable[..., Any]) -> frozenset[str] | None:
+    """The keyword names ``fn`` accepts (``None``: any, it takes ``**kwargs``)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params)
+
+
+def call_kwargs(fn: Callable[..., Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``options`` that ``fn`` takes as arguments: a rule's ``init`` and ``step`` receive
+    only the hyper-parameters they declare.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.algorithms import call_kwargs
+        >>> from ppl_sgmcmc.rules import sgld
+        >>> call_kwargs(sgld.step, {"temperature": 2.0, "friction": 1.0, "step_index": 3})
+        {'temperature': 2.0}
+    """
+    names = _parameters(fn)
+    return dict(options) if names is None else {k: v for k, v in options.items() if k in names}
+
+
+class Algorithm:
+    """What every algorithm shares: the sampler's common arguments, checked, and the hooks through
+    which the backends' base classes run it.
+
+    :param model: a model (NumPyro or Pyro, by backend); its plates with ``subsample_size`` set are
+        subsampled.
+    :param potential_fn: instead of a model, an energy ``potential_fn(z)``, or a stochastic estimate
+        ``potential_fn(z, rng)`` (``rng``: a JAX key or the chain's ``torch.Generator``).
+    :param step_size: ``h``: a positive float, or a schedule ``t -> h_t`` of the 0-based step index
+        ``t`` (warm-up included; see :mod:`ppl_sgmcmc.schedules`).
+    :param temperature: ``τ``; the target is ``exp(-U/τ)``. A positive float or a schedule of ``t``.
+    :param replace: draw minibatch indices with replacement (default), or reshuffle each epoch.
+    :param steps_per_sample: SG-MCMC steps per draw that ``MCMC`` counts (default 1): with ``k`` here,
+        ``k (W + S)`` steps are taken and every ``k``-th state kept. It amortises the drivers' per-draw
+        cost (progress bar, copying the sample).
+    :param init_strategy: the PPL's init strategy (default: its ``init_to_uniform``).
+    :param gibbs_sites: names of local latent sites inside the subsampled plate that ``gibbs_fn``
+        updates for each minibatch; the stochastic gradient then averages the log joint's gradient
+        over their sweeps (Fisher identity). See the user guide's "Local Gibbs sites".
+    :param gibbs_fn: ``gibbs_fn(rng, gibbs_sites, hmc_sites, subsample_indices) -> gibbs_sites``, one
+        conditional sweep of the local sites of the minibatch (data by closure, as for ``HMCGibbs``).
+    :param gibbs_sweeps: ``(burn_in, kept)`` sweeps per gradient (default ``(5, 5)``).
+    :param gibbs_init: optional ``gibbs_init(rng, gibbs_sites, hmc_sites, subsample_indices)`` giving the
+        sweeps' starting point from the local sites' prior draw.
+
+    A subclass names its ``rule`` and validates its own arguments into ``self._options`` (the rule's
+    keyword arguments); ``schedulable`` lists the options that may be schedules of the step index.
+    """
+
+    rule: ModuleType  # the update rule, a module of ppl_sgmcmc.rules
+    #: True: the chain moves the latents in their own support (no transforms; SGRLD).
+    constrained: ClassVar[bool] = False
+    #: Rule-state fields recorded with every kept draw (ArviZ ``sample_stats``).
+    sample_stats_fields: ClassVar[tuple[str, ...]] = ()
+    #: Rule-state fields reported once per chain, at its end.
+    final_state_fields: ClassVar[tuple[str, ...]] = ()
+    #: Options that may be a schedule ``t -> value`` of the step index.
+    schedulable: ClassVar[tuple[str, ...]] = ("temperature",)
+    #: The name of the MCMC driver's warm-up argument, for messages (set by the backends).
+    warmup_arg: ClassVar[str] = "num_warmup"
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Callable[[Any], Any],
+        temperature: float | Callable[[Any], Any] = 1.0,
+        replace: bool = True,
+        steps_per_sample: int = 1,
+        init_strategy: Callable[..., Any] | None = None,
+        gibbs_sites: list[str] | tuple[str, ...] | None = None,
+        gibbs_fn: Callable[..., Any] | None = None,
+        gibbs_sweeps: tuple[int, int] = (5, 5),
+        gibbs_init: Callable[..., Any] | None = None,
+    ) -> None:
+        name = self.name
+        if (model is None) == (potential_fn is None):
+            raise ValueError(f"{name}: give exactly one of `model` and `potential_fn`.")
+        for arg, fn in (("model", model), ("potential_fn", potential_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name}: `{arg}` must be callable, got {type(fn).__name__}.")
+        self._step_size = _checks.step_size(step_size, name)
+        self._temperature = _checks.schedule_or(_checks.positive, "temperature", temperature, name)
+        self._steps_per_sample = _checks.positive_int("steps_per_sample", steps_per_sample, name)
+        gibbs = _checks.gibbs_options(
+            gibbs_sites, gibbs_fn, gibbs_sweeps, name, has_model=model is not None, gibbs_init=gibbs_init
+        )
+        self._gibbs = None if gibbs is None else GibbsOptions(*gibbs)
+        self._model = model
+        self._potential_fn = potential_fn
+        self._replace = bool(replace)
+        self._init_strategy = init_strategy
+        self._options: dict[str, Any] = {}  # the algorithm's own rule arguments, set by subclasses
+        self._num_warmup_steps = 0
+        self._start_warning: str | None = None  # said when a new chain starts (see `_set_warmup`)
+        self._estimator = gradients.minibatch()
+
+    @property
+    def name(self) -> str:
+        """The kernel's class name, used in messages."""
+        return type(self).__name__
+
+    # --- the rule's arguments -----------------------------------------------------------------------
+    def hyperparameters(self) -> dict[str, Any]:
+        """The rule's keyword arguments besides ``step_size`` (``temperature`` included), as validated;
+        a schedule stays a callable.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import SGHMC
+            >>> SGHMC(potential_fn=lambda z: 0.0, step_size=0.1, friction=2.0).hyperparameters()
+            {'temperature': 1.0, 'friction': 2.0, 'integrator': 'splitting'}
+        """
+        return {"temperature": self._temperature, **self._options}
+
+    def hyperparameters_at(self, i: Any) -> dict[str, Any]:
+        """:meth:`hyperparameters` at step ``i``: each schedule evaluated at ``i``, and ``step_index = i``
+        for rules that read it.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1, temperature=lambda t: 1.0 + t).hyperparameters_at(4)
+            {'temperature': 5.0, 'step_index': 4}
+        """
+        hyper = self.hyperparameters()
+        for key in self.schedulable:
+            if callable(hyper.get(key)):
+                hyper[key] = hyper[key](i)
+        hyper["step_index"] = i
+        return hyper
+
+    def rule_init(self, position: Any, noise: Any, i: Any = 0) -> Any:
+        """The rule's initial state at ``position``, with the arguments its ``init`` declares."""
+        return self.rule.init(position, noise, **call_kwargs(self.rule.init, self.hyperparameters_at(i)))
+
+    def rule_step(self, position: Any, state: Any, grad_fn: Callable[[Any], Any], noise: Any, i: Any) -> tuple:
+        """One move of the rule at step ``i``: ``(new position, new rule state, gradient)``."""
+        hyper = call_kwargs(self.rule.step, self.hyperparameters_at(i))
+        return self.rule.step(position, state, grad_fn, noise, self.step_size_at(i), **hyper)
+
+    def step_size_at(self, i: Any) -> Any:  # pragma: no cover - each backend defines it
+        """The step size ``h_i`` of step ``i``, as the backend's arrays want it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _is_positive_support(support: Any) -> bool:  # pragma: no cover - each backend defines it
+        """Whether a latent's support is the positive reals, in the backend's constraints."""
+        raise NotImplementedError
+
+    def temperature_at(self, i: Any) -> Any:
+        """The temperature ``τ`` at step ``i``."""
+        return self._temperature(i) if callable(self._temperature) else self._temperature
+
+    # --- hooks the backends call ------------------------------------------------------------------
+    def _set_warmup(self, num_warmup: int) -> None:
+        """Record the warm-up of ``num_warmup`` draws (``steps_per_sample`` steps each); raise if it is too
+        short for the algorithm, or set ``_start_warning`` for what a new chain should be told."""
+        self._num_warmup_steps = int(num_warmup) * self._steps_per_sample
+
+    def _check_target(self, target: Any) -> None:
+        """Check the model's stochastic potential as soon as it is built, before anything is compiled,
+        and ask it for what the rule needs from the gradient (``rule.NEEDS``)."""
+        if self.rule.NEEDS == "per_example":
+            target.enable_per_example_scores()
+
+    def _check_dimension(self, target: Any, dim: int) -> None:
+        """Check the options against the number ``dim`` of flattened latents."""
+
+    def progress(self, state: Any) -> dict[str, Any]:
+        """The progress line's items at ``state`` (read from the device): the minibatch energy ``Ũ_t``,
+        the step size, the number of rejected steps, and the algorithm's own.
+
+        **Example**::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import SGNHT
+            >>> kernel = SGNHT(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1, diffusion=2.0)
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=0, init_params={"x": jnp.ones(3)})
+            >>> kernel.progress(state)
+            {'Ũ_t': '1.5', 'h': '1.00e-01', 'div': 0, 'ξ̄': '2'}
+        """
+        return {
+            "Ũ_t": f"{float(state.potential_energy):.4g}",
+            "h": f"{float(state.step_size):.2e}",
+            "div": int(state.num_diverging),
+        }
+
+
+# --- Langevin and Hamiltonian samplers ------------------------------------------------------------------
+class SGLD(Algorithm):
+    """Stochastic gradient Langevin dynamics (Welling & Teh, "Bayesian Learning via Stochastic Gradient
+    Langevin Dynamics", ICML 2011)::
+
+        θ ← θ - h ∇Ũ_t(θ) + sqrt(2 h τ) ζ
+
+    :param step_size: ``h`` (Welling & Teh's ``ε/2``), a float or a schedule; typically 1e-6 to 1e-3
+        for a potential scaled to N data points.
+    :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`Algorithm`.
+    """
+
+    rule = sgld_rule
+
+
+class SGHMC(Algorithm):
+    """Stochastic gradient HMC (Chen, Fox & Guestrin, "Stochastic Gradient Hamiltonian Monte Carlo",
+    ICML 2014) with identity mass, integrated by Euler or by the second-order symmetric splitting of
+    Chen, Ding & Carin ("On the Convergence of Stochastic Gradient MCMC Algorithms with High-Order
+    Integrators", NeurIPS 2015).
+
+    Euler::
+
+        θ ← θ + h p
+        p ← p - h ∇Ũ_t(θ) - h A p + sqrt(2 A h τ) ζ
+
+    Splitting (A-B-O-B-A)::
+
+        θ ← θ + (h/2) p;  p ← exp(-A h/2) p;  p ← p - h ∇Ũ_t(θ) + sqrt(2 A h τ) ζ;
+        p ← exp(-A h/2) p;  θ ← θ + (h/2) p
+
+    :param step_size: ``h``, a float or a schedule. In SGD-with-momentum terms, learning rate ``h²``
+        and momentum decay ``1 - A h``.
+    :param friction: ``A > 0`` (default 1.0), which is also the injected noise's diffusion; a float
+        or a schedule.
+    :param integrator: ``"splitting"`` (default) or ``"euler"``.
+    :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`Algorithm`.
+    """
+
+    rule = sghmc_rule
+    schedulable = ("temperature", "friction")
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Callable[[Any], Any],
+        friction: float | Callable[[Any], Any] = 1.0,
+        integrator: str = "splitting",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        self._options = _sghmc_options(friction, integrator, self.name)
+
+
+def _sghmc_options(friction: Any, integrator: str, name: str) -> dict[str, Any]:
+    """SGHMC's (and CSGHMC's) ``friction`` ``A > 0`` and ``integrator``."""
+    return {
+        "friction": _checks.schedule_or(_checks.positive, "friction", friction, name),
+        "integrator": _checks.choice("integrator", integrator, INTEGRATORS, name),
+    }
+
+
+class SGNHT(Algorithm):
+    """Stochastic gradient Nosé-Hoover thermostat: the multivariate mSGNHT of Li, Chen, Fan & Carin
+    ("High-Order Stochastic Gradient Thermostats for Bayesian Learning of Deep Models", AAAI 2016)
+    with the symmetric-splitting (mSGNHT-S, default) or Euler (mSGNHT-E) integrator, or the
+    scalar-thermostat SGNHT of Ding et al. ("Bayesian Sampling Using Stochastic Gradient
+    Thermostats", NeurIPS 2014).
+
+    mSGNHT-S, with ``k(p) = p⊙p`` (multivariate) or ``pᵀp/d`` (scalar)::
+
+        θ ← θ + (h/2) p;  ξ ← ξ + (h/2)(k(p) - τ);  p ← exp(-ξ h/2) ⊙ p
+        p ← p - h ∇Ũ_t(θ) + sqrt(2 D h τ) ζ
+        p ← exp(-ξ h/2) ⊙ p;  θ ← θ + (h/2) p;  ξ ← ξ + (h/2)(k(p) - τ)
+
+    mSGNHT-E::
+
+        θ ← θ + h p;  p ← p - h ∇Ũ_t(θ) - h ξ ⊙ p + sqrt(2 D h τ) ζ;  ξ ← ξ + h (k(p) - τ)
+
+    The thermostat ``ξ`` starts at ``D`` and adapts the friction so that ``k(p)`` matches ``τ``,
+    absorbing the unknown gradient-noise variance: at equilibrium ``ξ ≈ D + B`` where ``B`` is the
+    gradient noise's diffusion. Collect it with ``extra_fields=("rule_state.thermostat",)``.
+
+    The thermostat learns at rate ``h``: on a stiff posterior (curvature ``≫ 1/h``) it takes ``O(1/h)``
+    steps or more to settle, so make the warm-up long enough that ``ξ`` has stopped drifting. The Euler
+    integrator is stable only while ``h ξ < 2``; the splitting integrator damps by ``exp(-ξ h)`` and
+    has no such limit (see the algorithm page).
+
+    :param step_size: ``h``, a float or a schedule.
+    :param diffusion: ``D > 0`` (default 1.0), the injected noise's diffusion; a float or a schedule.
+    :param thermostat: ``"multivariate"`` (default, ``ξ ∈ R^d``) or ``"scalar"``.
+    :param integrator: ``"splitting"`` (default) or ``"euler"``.
+    :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`Algorithm`.
+    """
+
+    rule = sgnht_rule
+    schedulable = ("temperature", "diffusion")
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Callable[[Any], Any],
+        diffusion: float | Callable[[Any], Any] = 1.0,
+        thermostat: str = "multivariate",
+        integrator: str = "splitting",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        name = self.name
+        if callable(diffusion):
+            raise ValueError(
+                f"{name}: `diffusion` must be a number: it is also the thermostat's starting value. Schedule "
+                "`temperature` or `step_size` instead."
+            )
+        self._options = {
+            "diffusion": _checks.positive("diffusion", diffusion, name),
+            "multivariate": _checks.choice("thermostat", thermostat, ("multivariate", "scalar"), name)
+            == "multivariate",
+            "integrator": _checks.choice("integrator", integrator, INTEGRATORS, name),
+        }
+
+    def progress(self, state: Any) -> dict[str, Any]:
+        """The base items and the mean thermostat ``ξ̄``."""
+        return {**super().progress(state), "ξ̄": f"{float(state.rule_state.thermostat.mean()):.3g}"}
+
+
+class PSGLD(Algorithm):
+    """Preconditioned SGLD with an RMSprop preconditioner (Li, Chen, Carlson & Carin, "Preconditioned
+    Stochastic Gradient Langevin Dynamics for Deep Neural Networks", AAAI 2016)::
+
+        V ← α V + (1 - α) ḡ_t ⊙ ḡ_t;   G = 1 ⊘ (λ + sqrt(V))
+        θ ← θ - h G ⊙ ∇Ũ_t(θ) + sqrt(2 h τ G) ⊙ ζ
+
+    ``ḡ_t`` is the mean per-datum log-likelihood gradient of the minibatch. The ``Γ(θ)`` term is
+    dropped, as in the paper. A latent that the likelihood does not inform (its mean score is 0) gets
+    ``G = 1/λ``: choose ``step_size`` with ``h/λ`` in mind, or raise ``eps``, for models with such
+    latents. ``V`` averages over about ``1/(1-α)`` minibatches, so at the default ``α = 0.99`` the
+    preconditioner follows the minibatch noise of ``ḡ_t`` and, with ``Γ`` dropped, the chain carries a
+    bias that does not vanish as ``h → 0``; a larger ``α`` (0.999) reduces it (see the algorithm page).
+
+    :param step_size: ``h``, a float or a schedule.
+    :param alpha: the RMSprop decay ``α ∈ (0, 1)`` (default 0.99).
+    :param eps: the regulariser ``λ > 0`` (default 1e-5).
+    :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`Algorithm`.
+    """
+
+    rule = psgld_rule
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Callable[[Any], Any],
+        alpha: float = 0.99,
+        eps: float = 1e-5,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        self._options = {
+            "alpha": _checks.in_unit_interval("alpha", alpha, self.name),
+            "eps": _checks.positive("eps", eps, self.name),
+        }
+
+
+class SGRLD(Algorithm):
+    """Stochastic gradient Riemannian Langevin dynamics (Patterson & Teh, "Stochastic Gradient Riemannian
+    Langevin Dynamics on the Probability Simplex", NeurIPS 2013) with the expanded-mean preconditioner
+    ``G(θ) = diag(θ)`` (the inverse metric) and mirroring, for positive latents::
+
+        θ ← | θ - h (θ ⊙ ∇Ũ_t(θ) - τ) + sqrt(2 h τ θ) ⊙ ζ |
+
+    The chain moves the latents in their own positive space: ``θ`` and ``∇Ũ_t`` are those of the model
+    as declared, without a log transform or its Jacobian. Every latent must have a positive support
+    (``Gamma``, ``Exponential``, ``HalfNormal``, ``LogNormal``, ...); a model with another latent gets a
+    ``ValueError`` naming it. With ``potential_fn`` the energy is a function of the positive values
+    themselves, and the initial values must be positive.
+
+    This is the sampler of Patterson & Teh for LDA in the expanded-mean parametrisation: topics
+    ``θ_kw ~ Gamma(β, 1)``, ``π_k = θ_k / Σ_w θ_kw``, the topic assignments as local Gibbs sites
+    (``models/lda.py``).
+
+    :param step_size: ``h``, a float or a schedule.
+    :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`Algorithm`.
+    """
+
+    rule = sgrld_rule
+    constrained = True
+
+    def _check_target(self, target: Any) -> None:
+        super()._check_target(target)
+        _checks.positive_latents(target.latent_supports, self._is_positive_support, self.name)
+
+
+# --- contour SG-MCMC (CSGLD / CSGHMC) ------------------------------------------------------------------
+class ContourFields:
+    """The contour quantities of a CSGLD/CSGHMC rule state (:class:`ppl_sgmcmc.rules.csgld.CSGLDState`)
+    as attributes of the kernel's state, so that the MCMC drivers collect them under clean names and
+    ArviZ puts them in ``sample_stats``: ``log_weight`` and ``partition`` (collected by default),
+    ``multiplier``, ``theta`` (the partition weights), ``energy_min``, ``energy_gap``. Each backend's
+    ``ContourState`` mixes it into its state class.
+    """
+
+    __slots__ = ()
+    rule_state: Any
+
+    log_weight = property(lambda self: self.rule_state.log_weight, doc="log importance weight of the sample")
+    partition = property(lambda self: self.rule_state.partition, doc="0-based energy bin of the sample")
+    multiplier = property(lambda self: self.rule_state.multiplier, doc="gradient multiplier used at the sample")
+    theta = property(lambda self: self.rule_state.theta, doc="the learned partition weights θ")
+    energy_min = property(lambda self: self.rule_state.energy_min, doc="the grid's u_min")
+    energy_gap = property(lambda self: self.rule_state.energy_gap, doc="the grid's Δu")
+
+
+@dataclass(frozen=True, eq=False)
+class Contour:
+    """CSGLD's (and CSGHMC's) contour arguments, checked; ``energy_gap``/``energy_min`` ``None`` for
+    ``"auto"``, ``calibration_steps`` ``None`` for the default, ``initial_theta`` normalised."""
+
+    adapt_theta: str
+    num_partitions: int
+    energy_gap: float | None
+    energy_min: float | None
+    zeta: float
+    sa_step_size: Any  # a float in (0, 1) or a schedule
+    weight: str
+    calibration_steps: int | None
+    initial_theta: np.ndarray | None
+
+    @property
+    def auto_grid(self) -> bool:
+        """Whether the energy grid is chosen from the warm-up."""
+        return self.energy_min is None or self.energy_gap is None
+
+    def windows(self, steps: int, warmup_draws: int, warmup_arg: str, kernel: str) -> tuple[int, int | None]:
+        """The rule's ``(calibration_steps, adaptation_steps)`` for a warm-up of ``steps`` steps
+        (``warmup_draws`` draws, the driver's ``warmup_arg``, for the messages)."""
+        if not self.auto_grid:
+            calibration = 0
+        elif self.calibration_steps is not None:
+            if self.calibration_steps > steps:
+                raise ValueError(
+                    f"{kernel}: `calibration_steps` ({self.calibration_steps}) exceeds the warm-up "
+                    f"({steps} steps): draws taken before the grid is set carry no valid weight. "
+                    f"Lengthen `{warmup_arg}` or shorten `calibration_steps`."
+                )
+            calibration = self.calibration_steps
+        elif steps == 0:
+            calibration = 0  # a chain continued from its state keeps the grid it calibrated
+        else:
+            calibration = steps // 2
+            if calibration < 2:
+                raise ValueError(
+                    f"{kernel}: `energy_min`/`energy_gap` \"auto\" choose the energy grid during the warm-up, "
+                    f"but {warmup_arg}={warmup_draws} gives too few steps. Set `{warmup_arg}` (hundreds of steps or "
+                    "more), or give `energy_min` and `energy_gap` explicitly."
+                )
+        if self.adapt_theta == "warmup":
+            if steps <= calibration:
+                raise ValueError(
+                    f"{kernel}: with adapt_theta=\"warmup\" the partition weights are learned during the warm-up after "
+                    f"the grid is set, but the warm-up ({steps} steps) leaves no step for it. Lengthen `{warmup_arg}`."
+                )
+            return calibration, steps
+        return calibration, 0 if self.adapt_theta == "never" else None
+
+
+class CSGLD(Algorithm):
+    """Contour stochastic gradient Langevin dynamics (Deng, Lin & Liang, "A Contour Stochastic Gradient
+    Langevin Dynamics Algorithm for Simulations of Multi-modal Distributions", NeurIPS 2020): SGLD on
+    the flattened density ``ϖ ∝ π / Ψ_θ(U)^ζ``, with importance weights that restore ``π``.
+
+    With the energy grid ``u_min + k Δu`` (``m`` bins, 0-based bin ``j`` of the minibatch energy
+    ``Ũ_t(x)``, ``j⁻ = max(j-1, 0)``), at each step::
+
+        θ(i) ← θ(i) + ω_k θ(j)^ζ (1[i = j] - θ(i))                        (stochastic approximation)
+        x ← x - h [1 + (ζ τ / Δu)(log θ(j) - log θ(j⁻))] ∇Ũ_t(x) + sqrt(2 h τ) ξ
+
+    and the sample ``x`` gets the log weight ``ζ log Ψ_θ(Ũ_t(x))`` (eq. (5) of the paper, log ``θ``
+    interpolated linearly across the bin) or, with ``weight="bin"``, the paper's ``ζ log θ(j)``.
+    The full rule, and why each sample is the point of its own gradient, are in
+    :mod:`ppl_sgmcmc.rules.csgld`. Only the minibatch energy that comes with the gradient is used.
+
+    **Output.** Every draw carries ``log_weight`` and ``partition`` (the 0-based bin), which the ArviZ
+    converters put in ``sample_stats``. Weighted expectations and importance resampling into ordinary
+    draws: :mod:`ppl_sgmcmc.importance`. The learned ``θ``, ``energy_min`` and ``energy_gap`` are in the
+    chain's final state; a resumed run continues with them.
+
+    **Energy grid.** ``energy_min="auto"`` (default) sets ``u_min`` to the smallest minibatch energy of
+    the first ``calibration_steps`` steps (default: the first half of the warm-up); ``energy_gap="auto"``
+    (default) sets ``Δu`` to the standard deviation of the minibatch energies over the second half of
+    those steps (the energy's per-step fluctuation). While the grid is calibrated ``θ`` stays uniform,
+    so the chain is plain SGLD. Both need a warm-up, long enough that the chain has reached its typical
+    set within its first quarter. A ``u_min`` below every energy the chain visits leaves the lowest bin
+    empty: its ``θ`` decays to 0 and the multiplier explodes in the first occupied bin; a ``Δu`` much
+    finer than the energy's fluctuation amplifies the noise of ``log θ``. The grid, ``m Δu`` above
+    ``u_min``, should reach well over the energy barriers between modes and over the energies the
+    flattened chain climbs to. Each chain calibrates its own grid. The algorithm page has the
+    measurements behind this advice.
+
+    :param step_size: ``h`` (the paper's ``ε``), a float or a schedule. The flattened drift's multiplier
+        (up to ``1 + ζτ/Δu·|Δ log θ|``) amplifies SGLD's discretisation bias, and the weights do not correct
+        it: check that importance-weighted results are stable when ``h`` is halved.
+    :param int num_partitions: ``m >= 2`` energy bins (default 100).
+    :param energy_gap: ``Δu > 0``, or ``"auto"`` (default).
+    :param energy_min: ``u_min``, or ``"auto"`` (default).
+    :param float zeta: the flattening strength ``ζ >= 0`` (default 0.75, the paper's); ``ζ = 0`` is SGLD.
+    :param sa_step_size: ``ω_k``, a float in (0, 1) or a schedule of the 1-based update count ``k``;
+        default ``1 / (k^0.6 + 100)``.
+    :param str weight: ``"interpolated"`` (default; the exact weight of the density sampled) or ``"bin"``
+        (the paper's ``θ(j)^ζ``, which biases mode masses at coarse grids).
+    :param calibration_steps: the steps that calibrate an ``"auto"`` grid (default: half the warm-up steps);
+        at least 2 and at most the warm-up.
+    :param str adapt_theta: ``"always"`` (default, the paper's algorithm: ``θ`` keeps learning while
+        sampling, which biases the weighted estimates by ``O(ω_k)``), ``"warmup"`` (``θ`` is frozen after
+        the warm-up: the draws are an ordinary Markov chain on the flattened density and the weights are
+        exact for it) or ``"never"`` (``θ`` stays at ``initial_theta``, required: the paper's KSGLD).
+    :param initial_theta: ``θ``'s starting value instead of the uniform one: ``m`` positive finite weights
+        of the bins of the given grid (normalised to sum to 1). Needs explicit ``energy_min`` and
+        ``energy_gap``.
+    :param temperature: ``τ`` (default 1).
+
+    Other arguments: see :class:`Algorithm`.
+    """
+
+    rule = csgld_rule
+    sample_stats_fields = ("log_weight", "partition")
+    final_state_fields = ("theta", "energy_min", "energy_gap")
+    integrator = "langevin"
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Callable[[Any], Any],
+        num_partitions: int = 100,
+        energy_gap: float | str = "auto",
+        energy_min: float | str = "auto",
+        zeta: float = 0.75,
+        sa_step_size: float | Callable[[Any], Any] = csgld_rule.default_sa_step_size,
+        weight: str = "interpolated",
+        calibration_steps: int | None = None,
+        adapt_theta: str = "always",
+        initial_theta: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        self._contour = _contour(
+            num_partitions, energy_gap, energy_min, zeta, sa_step_size, weight, calibration_steps, adapt_theta,
+            initial_theta, self.name,
+        )  # fmt: skip
+        self._calibration_steps: int = 0  # set from the warm-up
+        self._adaptation_steps: int | None = None
+
+    @property
+    def auto_grid(self) -> bool:
+        """Whether the energy grid is chosen from the warm-up: ``True`` unless both ``energy_min`` and
+        ``energy_gap`` are given.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import CSGLD
+            >>> CSGLD(potential_fn=lambda z: 0.0, step_size=0.1, energy_min=0.0).auto_grid  # Δu is still "auto"
+            True
+            >>> CSGLD(potential_fn=lambda z: 0.0, step_size=0.1, energy_min=0.0, energy_gap=1.0).auto_grid
+            False
+        """
+        return self._contour.auto_grid
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The rule's keyword arguments besides ``step_size``: ``temperature``; the contour arguments
+        ``num_partitions``, ``energy_min``, ``energy_gap`` (``None`` while ``"auto"``), ``zeta``,
+        ``sa_step_size``, ``weight`` and ``initial_theta``; the windows ``calibration_steps`` and
+        ``adaptation_steps`` (``None``: ``θ`` never stops learning), which the warm-up fixes; and the
+        ``integrator`` (``"langevin"``, or CSGHMC's).
+
+        **Example** (an ``"auto"`` grid, calibrated over half the warm-up: 50 draws × 4 steps / 2)::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import CSGLD
+            >>> kernel = CSGLD(potential_fn=lambda z: jnp.sum(z["x"] ** 2) / 2, step_size=0.1, steps_per_sample=4)
+            >>> _ = kernel.init(jax.random.PRNGKey(0), num_warmup=50, init_params={"x": jnp.zeros(2)})
+            >>> hp = kernel.hyperparameters()
+            >>> hp["energy_min"], hp["calibration_steps"], hp["adaptation_steps"], hp["integrator"]
+            (None, 100, None, 'langevin')
+        """
+        contour = self._contour
+        return {
+            **super().hyperparameters(),
+            "num_partitions": contour.num_partitions,
+            "energy_min": contour.energy_min,
+            "energy_gap": contour.energy_gap,
+            "zeta": contour.zeta,
+            "sa_step_size": contour.sa_step_size,
+            "calibration_steps": self._calibration_steps,
+            "adaptation_steps": self._adaptation_steps,
+            "weight": contour.weight,
+            "initial_theta": contour.initial_theta,
+            "integrator": self.integrator,
+        }
+
+    def _set_warmup(self, num_warmup: int) -> None:
+        super()._set_warmup(num_warmup)
+        self._calibration_steps, self._adaptation_steps = self._contour.windows(
+            self._num_warmup_steps, num_warmup, self.warmup_arg, self.name
+        )
+        self._start_warning = None
+        if self._contour.auto_grid and self._calibration_steps == 0:
+            self._start_warning = (
+                f"{self.name}: `energy_min`/`energy_gap` \"auto\" choose the energy grid during the warm-up, but "
+                f"{self.warmup_arg}=0 leaves no step for it. That is right when continuing a chain from its state "
+                "(its grid is in the state); a new chain would use the placeholder grid u_min = 0, Δu = 1: set "
+                f"`{self.warmup_arg}`, or give `energy_min` and `energy_gap` explicitly."
+            )
+
+    def progress(self, state: Any) -> dict[str, Any]:
+        """The base items, the sample's 0-based energy bin and its gradient multiplier."""
+        rule = state.rule_state
+        return {**super().progress(state), "bin": int(rule.partition), "mult": f"{float(rule.multiplier):.3g}"}
+
+
+def _contour(
+    num_partitions: Any,
+    energy_gap: Any,
+    energy_min: Any,
+    zeta: Any,
+    sa_step_size: Any,
+    weight: Any,
+    calibration_steps: Any,
+    adapt_theta: Any,
+    initial_theta: Any,
+    kernel: str,
+) -> Contour:
+    """CSGLD's contour arguments, checked in the order the messages are tested in."""
+    adapt_theta = _checks.choice("adapt_theta", adapt_theta, ("always", "warmup", "never"), kernel)
+    num_partitions = _checks.int_at_least("num_partitions", num_partitions, 2, kernel)
+    energy_gap = None if energy_gap == "auto" else _checks.positive("energy_gap", energy_gap, kernel)
+    energy_min = None if energy_min == "auto" else _checks.finite("energy_min", energy_min, kernel)
+    zeta = _checks.non_negative("zeta", zeta, kernel)
+    if not callable(sa_step_size):
+        sa_step_size = _checks.in_unit_interval("sa_step_size", sa_step_size, kernel)
+    weight = _checks.choice("weight", weight, csgld_rule.WEIGHTS, kernel)
+    if calibration_steps is not None:
+        calibration_steps = _checks.int_at_least("calibration_steps", calibration_steps, 2, kernel)
+    contour = Contour(
+        adapt_theta, num_partitions, energy_gap, energy_min, zeta, sa_step_size, weight, calibration_steps, None
+    )
+    if initial_theta is not None:
+        initial_theta = _checks.initial_theta(initial_theta, num_partitions, contour.auto_grid, kernel)
+        contour = replace(contour, initial_theta=initial_theta)
+    elif adapt_theta == "never":
+        raise ValueError(
+            f"{kernel}: adapt_theta=\"never\" keeps θ at `initial_theta`; give `initial_theta` (with the "
+            "uniform θ the chain would be plain SGLD)."
+        )
+    return contour
+
+
+class CSGHMC(CSGLD):
+    """Contour SGHMC (Deng, Lin & Liang, NeurIPS 2020, §4.2): the energy flattening and importance
+    weights of :class:`CSGLD` inside the SGHMC momentum integrator of :class:`SGHMC` (identity mass),
+    the gradient ``∇Ũ_t`` replaced by ``[1 + (ζ τ / Δu)(log θ(j) - log θ(j⁻))] ∇Ũ_t``.
+
+    With the splitting integrator the gradient, and so the energy and the weight, is taken at the
+    midpoint ``θ + (h/2) p``: the draws are those midpoints (see :mod:`ppl_sgmcmc.rules.csgld`).
+
+    :param step_size: ``h``, a float or a schedule. In the paper's SGD-with-momentum terms, learning
+        rate ``h²`` and momentum ``1 - A h`` (the paper uses momentum 0.9).
+    :param friction: ``A > 0`` (default 1.0), also the injected noise's diffusion.
+    :param integrator: ``"splitting"`` (default) or ``"euler"``.
+
+    The contour arguments are those of :class:`CSGLD`.
+    """
+
+    schedulable = ("temperature", "friction")
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Callable[[Any], Any],
+        friction: float | Callable[[Any], Any] = 1.0,
+        integrator: str = "splitting",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        self._options = _sghmc_options(friction, integrator, self.name)
+        self.integrator = self._options["integrator"]
+
+
+# --- SGFS -------------------------------------------------------------------------------------------------
+class SGFS(Algorithm):
+    """Stochastic gradient Fisher scoring (Ahn, Korattikara & Welling, "Bayesian Posterior Sampling via
+    Stochastic Gradient Fisher Scoring", ICML 2012), Algorithm 1.
+
+    With the minibatch's per-datum scores ``g_i = ∇ log p(x_i | θ)`` (``n`` of them, mean ``ḡ``), ``N`` the
+    subsampled plate's size, ``γ = (n + N)/n`` and step size ``ε``::
+
+        V_t = (1/(n-1)) Σ_i (g_i - ḡ)(g_i - ḡ)ᵀ
+        Î_t = (1 - κ_t) Î_{t-1} + κ_t V_t,      κ_t = 1/t
+        θ ← θ + 2 (γ N Î_t + 4B/ε)⁻¹ (∇ log p(θ) + N ḡ + η),      η ~ N(0, 4B/ε)
+
+    ``∇ log p(θ) + N ḡ = -∇Ũ_t(θ)``, in unconstrained space. The paper reports ``α = 2/sqrt(ε)``:
+    ``α = 0`` (``ε = ∞``) adds no noise beyond the minibatch's and samples the Bernstein–von Mises
+    Gaussian ``N(θ₀, I_N⁻¹)`` at the fastest mixing (one step moves ``2/γ ≈ 2n/N`` of a Fisher-scoring
+    step towards the mode); larger ``α`` takes smaller steps and, as ``ε → 0``, becomes SGLD
+    preconditioned by ``B⁻¹`` (exact for non-Gaussian posteriors, slow). Give ``step_size=ε`` or
+    ``alpha=α``.
+
+    The per-datum scores come from the model (one gradient per datum of the minibatch, batched); the
+    model needs exactly one plate with ``subsample_size = n ≥ 2`` around its observed sites (the paper
+    recommends ``n ≥ 100`` so that the minibatch gradient is Gaussian).
+
+    **Fisher state.** ``Î_t`` is part of the chain's rule state (a :class:`~ppl_sgmcmc.rules.sgfs.SGFSState`:
+    ``fisher``, ``count = 1/κ_t``), so a resumed run continues the same average; ``γ N Î`` approximates
+    the posterior precision of the unconstrained, flattened latents.
+
+    **Warm-up.** ``κ_t = 1/t`` averages over the whole run, and scores far from the mode are much larger
+    than at the mode, so a chain started far away would keep an inflated ``Î`` and nearly freeze. During
+    warm-up the average therefore forgets, ``κ_t = 1/min(t, fisher_window)``; after warm-up the paper's
+    ``1/t`` averaging takes over, counting the warm-up estimate as ``min(warm-up steps, fisher_window)``
+    minibatches. ``fisher_window=None`` (or no warm-up) is the paper's ``κ_t = 1/t`` throughout.
+    Warm-up should span several relaxation times, ``≫ N/n`` steps.
+
+    :param step_size: ``ε > 0``, a float, ``float("inf")`` (``α = 0``) or a schedule ``t -> ε_t``.
+    :param alpha: instead of ``step_size``, the paper's ``α = 2/sqrt(ε) ≥ 0``.
+    :param fisher: ``"full"`` (SGFS-f, default): a ``d×d`` ``Î`` and a Cholesky solve, O(n d² + d³) per
+        step and d² memory, allowed up to ``max_full_dim`` parameters; or ``"diagonal"`` (SGFS-d): only
+        ``diag Î``, O(n d). SGFS-d mixes fast but, at large ``ε``, samples a too narrow Gaussian where the
+        posterior is correlated (its means are fine); at small ``ε`` it is preconditioned SGLD.
+    :param B: the noise matrix, any symmetric positive-definite ``B``: ``"fisher"`` (default, the paper's
+        ``B = γ N Î_t``), ``"identity"``, a positive scalar, a vector of ``d`` positive diagonal entries,
+        or (full form) a ``d×d`` matrix; ``d`` counts the unconstrained latents, flattened in sorted site
+        order.
+    :param ridge: the preconditioner uses ``Î + ridge·Diag(Î)`` (default ``1e-4``; 0 for Algorithm 1
+        literally): keeps the Cholesky factor defined. If ``n ≤ d``, ``Î`` is singular for the first
+        ``~d/n`` steps: raise it to 1e-2 or more (initialisation warns) or use ``fisher="diagonal"``. Every
+        latent must enter the likelihood (its Fisher must be positive) unless ``B`` is fixed and ``ε`` finite.
+    :param fisher_window: the warm-up averaging window (default 100), or ``None``.
+    :param max_full_dim: the largest ``d`` for ``fisher="full"`` (default
+        :data:`~ppl_sgmcmc.rules.sgfs.MAX_FULL_DIM`); above it, initialisation raises and points to
+        ``fisher="diagonal"``. The algorithm page gives measured costs per step.
+
+    ``temperature`` must stay 1: Algorithm 1 has none. Other arguments: see :class:`Algorithm`.
+    """
+
+    rule = sgfs_rule
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Callable[[Any], Any] | None = None,
+        alpha: float | None = None,
+        fisher: str = "full",
+        B: Any = "fisher",
+        ridge: float = 1e-4,
+        fisher_window: int | None = 100,
+        max_full_dim: int = sgfs_rule.MAX_FULL_DIM,
+        **kwargs: Any,
+    ) -> None:
+        name = type(self).__name__
+        if potential_fn is not None:
+            raise ValueError(
+                f"{name}: SGFS needs the per-datum scores of a model's subsampled plate; give `model`, not "
+                "`potential_fn`."
+            )
+        if (step_size is None) == (alpha is None):
+            raise ValueError(f"{name}: give exactly one of `step_size` (ε) and `alpha` (α = 2/sqrt(ε)).")
+        if alpha is not None:
+            step_size = sgfs_rule.alpha_to_step_size(_checks.non_negative("alpha", alpha, name))
+        if kwargs.get("temperature", 1.0) != 1.0:
+            raise ValueError(f"{name}: `temperature` must be 1; SGFS (Algorithm 1) has no temperature.")
+        if kwargs.get("gibbs_sites"):
+            raise NotImplementedError(
+                f"{name}: SGFS with local Gibbs sites is not supported (per-datum scores would have to average "
+                "over the sweeps); marginalise the local sites or use another kernel."
+            )
+        assert step_size is not None  # one of step_size and alpha was given
+        infinite = not callable(step_size) and isinstance(step_size, (int, float)) and step_size == math.inf
+        super().__init__(model, potential_fn, step_size=1.0 if infinite else step_size, **kwargs)
+        if infinite:
+            self._step_size = math.inf
+        fisher = _checks.choice("fisher", fisher, sgfs_rule.FISHER_FORMS, name)
+        if isinstance(B, str):
+            B = _checks.choice("B", B, ("fisher", "identity"), name)
+        else:
+            B = _checks.positive_definite("B", B, name)
+            if fisher == "diagonal" and B.ndim == 2:
+                raise ValueError(
+                    f"{name}: fisher='diagonal' needs a diagonal `B` (a scalar or a vector), got a matrix; use "
+                    "fisher='full' or pass its diagonal."
+                )
+        self._options = {
+            "fisher": fisher,
+            "B": B,
+            "ridge": _checks.non_negative("ridge", ridge, name),
+            "fisher_window": None if fisher_window is None else _checks.positive_int("fisher_window", fisher_window, name),
+            "max_full_dim": _checks.positive_int("max_full_dim", max_full_dim, name),
+        }
+        self._data_size: int | None = None  # N, from the model
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The rule's keyword arguments besides ``step_size``: ``fisher``, ``B``, ``ridge``, ``fisher_window``
+        and ``max_full_dim`` as validated, ``data_size`` (``N``, the subsampled plate's size; ``None``
+        until the model is known) and ``num_warmup`` (in steps); no ``temperature``.
+
+        **Example** (``num_warmup`` counts steps: 50 draws × 2)::
+
+            >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+            >>> from ppl_sgmcmc.numpyro import SGFS
+            >>> def model(x):
+            ...     loc = numpyro.sample("loc", dist.Normal(0, 10))
+            ...     scale = numpyro.sample("scale", dist.HalfNormal(5))
+            ...     with numpyro.plate("data", x.shape[0], subsample_size=50):
+            ...         numpyro.sample("x", dist.Normal(loc, scale), obs=numpyro.subsample(x, event_dim=0))
+            >>> kernel = SGFS(model, step_size=1.0, fisher="diagonal", steps_per_sample=2)
+            >>> kernel.hyperparameters()["data_size"] is None  # before the model is seen
+            True
+            >>> init_params = {"loc": jnp.array(0.0), "scale": jnp.array(0.0)}  # unconstrained: scale = 1
+            >>> _ = kernel.init(jax.random.PRNGKey(0), 50, init_params, model_args=(jnp.ones(500),))
+            >>> hp = kernel.hyperparameters()
+            >>> hp["fisher"], hp["data_size"], hp["num_warmup"], "temperature" in hp
+            ('diagonal', 500, 100, False)
+        """
+        return dict(self._options, data_size=self._data_size, num_warmup=self._num_warmup_steps)
+
+    def _check_target(self, target: Any) -> None:
+        super()._check_target(target)
+        self._data_size = target.data_size
+
+    def _check_dimension(self, target: Any, dim: int) -> None:
+        options = self._options
+        try:
+            sgfs_rule.check(dim, options["fisher"], options["B"], options["max_full_dim"])
+        except sgfs_rule.SGFSConfigError as err:
+            raise ValueError(f"{self.name}: {err}") from None
+        ((_, (_, n)),) = target.plate_sizes.items()
+        if options["fisher"] == "full" and n <= dim and options["ridge"] < 1e-2:
+            warnings.warn(
+                f"{self.name}: the minibatch (n = {n}) is not larger than the number of parameters "
+                f"(d = {dim}), so the Fisher estimate is singular for the first ~d/n steps and, with ridge = "
+                f"{options['ridge']:g}, steps along its null space are huge (rejected as divergent). Use ridge=1e-2 "
+                "or more, a larger subsample_size, or fisher='diagonal'.",
+                stacklevel=3,
+            )

@@ -1,0 +1,124 @@
+"""Health checks of a running chain: the failures a run can show while it runs, and their warnings.
+
+A chain can go wrong without raising: a step-size schedule that turns non-positive or non-finite, a
+storm of steps rejected as non-finite, a chain, momentum or thermostat running off to huge values.
+The kernels evaluate :func:`check` after every draw (a few reductions, on ``jax.numpy`` or ``torch``
+arrays alike) and, when a check fails, the backend turns it into one Python warning per run and kind
+(:func:`message`), naming what was seen and the fix. Nothing here changes the chain.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from array_api_compat import array_namespace
+
+#: A run in which more than this fraction of the steps so far was rejected is reported (from
+#: :data:`MIN_STEPS` steps on).
+REJECTED_FRACTION = 0.5
+MIN_STEPS = 100
+#: A position or auxiliary variable (momentum, thermostat) beyond this magnitude is reported.
+RUNAWAY = 1e8
+
+#: The checks, in the order of :func:`check`'s flags.
+KINDS = ("step_size", "rejections", "runaway")
+
+
+def check(i: Any, num_diverging: Any, step_size: Any, position: Any, rule_state: Any) -> tuple[Any, Any]:
+    """The health flags of a chain after ``i`` steps, and the values behind them.
+
+    :param i: the steps taken; ``num_diverging``: how many of them were rejected.
+    :param step_size: the step size of the last step.
+    :param position: the flat position; ``rule_state``: the rule's state (its array leaves are checked).
+    :return: ``(flags, values)``: boolean flags for :data:`KINDS` and the floats
+        ``(step_size, i, num_diverging, largest magnitude)``, as arrays of the position's namespace.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc import health
+        >>> flags, values = health.check(jnp.array(200), jnp.array(150), jnp.array(-0.1), jnp.zeros(2), ())
+        >>> flags.tolist()
+        [True, True, False]
+    """
+    xp = array_namespace(position)
+    dtype = position.dtype
+    h = xp.asarray(step_size, dtype=dtype)
+    steps = xp.asarray(i, dtype=dtype)
+    rejected = xp.asarray(num_diverging, dtype=dtype)
+    leaves = [position] + [leaf for leaf in rule_state if leaf is not None and hasattr(leaf, "shape")]
+    largest = xp.max(xp.stack([xp.astype(xp.max(xp.abs(xp.reshape(leaf, (-1,)))), dtype) for leaf in leaves if leaf.size]))
+    flags = xp.stack(
+        [
+            ~(h > 0),  # NaN, zero or negative (+inf is SGFS's α = 0)
+            (steps >= MIN_STEPS) & (rejected > REJECTED_FRACTION * steps),
+            largest > RUNAWAY,
+        ]
+    )
+    return flags, xp.stack([h, steps, rejected, largest])
+
+
+def message(kernel: str, kind: str, values: Any) -> str:
+    """The warning for a failed check ``kind`` with the ``values`` of :func:`check`.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc import health
+        >>> print(health.message("SGLD", "rejections", [1e-3, 200, 150, 1.0]))
+        SGLD: 150 of the first 200 steps were rejected as non-finite ...
+    """
+    h, steps, rejected, largest = (float(v) for v in values)
+    if kind == "step_size":
+        return (
+            f"{kernel}: the step size reached h = {h:g} by step {int(steps)}; steps with a non-positive or NaN "
+            "step size are rejected, so the chain stands still. Fix the `step_size` schedule (it must stay "
+            "positive for every step of the run, warm-up included)."
+        )
+    if kind == "rejections":
+        return (
+            f"{kernel}: {int(rejected)} of the first {int(steps)} steps were rejected as non-finite "
+            f"({rejected / max(steps, 1):.0%}); the draws are not a sample of the posterior. The step size is "
+            "probably too large for the model's curvature or gradient noise (try 10x smaller), or the chain "
+            "starts in or reaches a region where the model is undefined (check the initial values)."
+        )
+    if kind == "runaway":
+        return (
+            f"{kernel}: after {int(steps)} steps the chain's position, momentum or thermostat reached a magnitude "
+            f"of {largest:.3g} (over {RUNAWAY:g}): the chain is diverging. Reduce the step size; for SGNHT also "
+            "check that the warm-up lets the thermostat settle."
+        )
+    raise ValueError(f"unknown health check {kind!r}")
+
+
+class Reporter:
+    """Warns once per run and kind: the backends call :meth:`report` with the flags of :func:`check` and
+    :meth:`reset` when a run starts.
+
+    **Example**::
+
+        >>> import warnings
+        >>> from ppl_sgmcmc.health import Reporter
+        >>> reporter = Reporter("SGLD")
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     for _ in range(3):
+        ...         reporter.report([False, True, False], [1e-3, 200, 150, 1.0])
+        >>> len(caught)
+        1
+    """
+
+    def __init__(self, kernel: str) -> None:
+        self.kernel = kernel
+        self.reported: set[str] = set()
+
+    def reset(self) -> None:
+        """Forget what was reported: a new run warns again."""
+        self.reported = set()
+
+    def report(self, flags: Any, values: Any) -> None:
+        """Warn for each failed check not yet reported in this run."""
+        for kind, flag in zip(KINDS, flags):
+            if bool(flag) and kind not in self.reported:
+                self.reported.add(kind)
+                warnings.warn(message(self.kernel, kind, values), RuntimeWarning, stacklevel=2)

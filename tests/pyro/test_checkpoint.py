@@ -1,0 +1,156 @@
+"""Continuing a Pyro chain (``kernel.last_state``, ``kernel.resume_from``) and checkpointed runs
+(``ppl_sgmcmc.checkpoint``) under Pyro's MCMC: a run of ``W + S1`` draws continued for ``S2`` gives exactly the
+draws of one run of ``W + S1 + S2``, also from a pickled state in a new kernel, whatever the global seed."""
+
+import pickle
+
+import pyro
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from ppl_sgmcmc import checkpoint
+from ppl_sgmcmc.checkpoint import ChainState
+from ppl_sgmcmc.pyro import CSGLD, SGLD, SGNHT, to_inference_data
+from tests.pyro.models import logistic_model
+
+SGNHT_NO_REPLACE = lambda: SGNHT(logistic_model, step_size=1e-2, replace=False)  # noqa: E731
+
+
+def run(kernel, data, warmup_steps, num_samples, seed=0):
+    pyro.set_rng_seed(seed)
+    mcmc = MCMC(kernel, warmup_steps=warmup_steps, num_samples=num_samples, disable_progbar=True)
+    mcmc.run(*data)
+    return mcmc
+
+
+def energy(z):
+    return 0.5 * (z["x"] ** 2).sum()
+
+
+def assert_states_equal(a, b):
+    """Two states (nested named tuples, dicts, tensors, numbers) are identical, bit for bit."""
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_states_equal(a[key], b[key])
+    elif isinstance(a, tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_states_equal(x, y)
+    elif torch.is_tensor(a):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    else:
+        assert a == b
+
+
+def test_continuation_equals_one_run(logistic_data):
+    """run(W + S1), then a new kernel continues the pickled ``last_state`` for S2 under another seed: the draws
+    (deterministic sites included), the final state and the generator are those of run(W + S1 + S2)."""
+    whole_kernel = SGNHT_NO_REPLACE()
+    whole = run(whole_kernel, logistic_data, warmup_steps=10, num_samples=50)
+    first_kernel = SGNHT_NO_REPLACE()
+    first = run(first_kernel, logistic_data, warmup_steps=10, num_samples=20)
+    state = pickle.loads(pickle.dumps(first_kernel.last_state))
+    assert first_kernel.state is None and state.state.i == 30 and state.num_warmup == 10
+    kernel = SGNHT_NO_REPLACE()
+    kernel.resume_from = state
+    second = run(kernel, logistic_data, warmup_steps=0, num_samples=30, seed=123)
+    assert kernel.resume_from is None  # consumed
+    a, b, w = first.get_samples(), second.get_samples(), whole.get_samples()
+    for name in ("w", "scale", "scaled_w"):
+        assert torch.equal(torch.cat([a[name], b[name]]), w[name])
+    assert_states_equal(kernel.last_state.state, whole_kernel.last_state.state)
+    assert torch.equal(kernel.last_state.generator_state, whole_kernel.last_state.generator_state)
+    # the state did not change by being continued: a second continuation from it is the same again
+    again = SGNHT_NO_REPLACE()
+    again.resume_from = state
+    assert torch.equal(run(again, logistic_data, warmup_steps=0, num_samples=30).get_samples()["w"], b["w"])
+
+
+def test_continuation_keeps_the_chains_warmup_windows():
+    """CSGLD calibrates its grid in the warm-up; a continuation without warm-up keeps the chain's windows
+    (an "auto" grid needs a warm-up) and its grid and θ: the same draws and weights as one run."""
+    def make():
+        return CSGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.05, num_partitions=10)
+
+    def csgld_run(kernel, warmup_steps, num_samples):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(kernel, warmup_steps=warmup_steps, num_samples=num_samples, initial_params={"x": torch.ones(2)},
+                    disable_progbar=True)  # fmt: skip
+        mcmc.run()
+        return mcmc
+
+    whole = csgld_run(make(), 40, 60)
+    first_kernel = make()
+    first = csgld_run(first_kernel, 40, 25)
+    kernel = make()
+    kernel.resume_from = first_kernel.last_state
+    second = csgld_run(kernel, 0, 35)
+    assert torch.equal(torch.cat([first.get_samples()["x"], second.get_samples()["x"]]), whole.get_samples()["x"])
+    assert first.diagnostics()["log_weight"]["chain 0"] + second.diagnostics()["log_weight"]["chain 0"] == (
+        whole.diagnostics()["log_weight"]["chain 0"]
+    )
+    assert second.diagnostics()["theta"] == whole.diagnostics()["theta"]
+    assert kernel.last_state.num_warmup == 40
+
+
+def test_checkpointed_run_interrupted_then_resumed(logistic_data, tmp_path):
+    """4 chunks of 10 draws, Ctrl-C during the third; a new kernel and ``MCMC`` call ``run`` again (another
+    global seed): the draws, divergences and ``num_diverging`` of one run, readable by ArviZ."""
+    whole = run(SGNHT_NO_REPLACE(), logistic_data, warmup_steps=10, num_samples=40)
+
+    def interrupt(kernel, params, stage, i):
+        if stage == "Sample" and i == 5 and kernel.last_state is not None and kernel.last_state.state.i == 30:
+            raise KeyboardInterrupt  # in the middle of the third chunk
+
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGNHT_NO_REPLACE(), warmup_steps=10, num_samples=40, hook_fn=interrupt, disable_progbar=True)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.run(mcmc, *logistic_data, checkpoint=tmp_path, checkpoint_every=10)
+    idata = checkpoint.load(tmp_path)
+    assert idata.posterior["w"].shape == (1, 20, 2)
+    assert torch.equal(torch.from_numpy(idata.posterior["w"].values[0]), whole.get_samples()["w"][:20])
+    assert mcmc.num_samples == 40 and mcmc.warmup_steps == 10 and mcmc.kernel.resume_from is None
+
+    pyro.set_rng_seed(99)
+    resumed = MCMC(SGNHT_NO_REPLACE(), warmup_steps=10, num_samples=40, disable_progbar=True)
+    checkpoint.run(resumed, *logistic_data, checkpoint=tmp_path, checkpoint_every=10)
+    a, b = resumed.get_samples(group_by_chain=True), whole.get_samples(group_by_chain=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.diagnostics()["divergences"] == whole.diagnostics()["divergences"]
+    assert resumed.diagnostics()["num_diverging"] == whole.diagnostics()["num_diverging"]
+    assert resumed.kernel.last_state.state.i == 50
+    idata = to_inference_data(resumed)  # the full-data log-likelihood, from the MCMC object
+    assert idata.log_likelihood["y"].shape == (1, 40, 200) and idata.sample_stats["diverging"].shape == (1, 40)
+
+
+def test_checkpoint_checks_its_run(logistic_data, tmp_path):
+    pyro.set_rng_seed(0)
+    kernel = SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1)
+    mcmc = MCMC(kernel, warmup_steps=5, num_samples=10, initial_params={"x": torch.ones(2)}, disable_progbar=True)
+    checkpoint.run(mcmc, checkpoint=tmp_path, checkpoint_every=4)
+    other = MCMC(kernel, warmup_steps=6, num_samples=10, initial_params={"x": torch.ones(2)}, disable_progbar=True)
+    with pytest.raises(ValueError, match="num_warmup=5, not 6"):
+        checkpoint.run(other, checkpoint=tmp_path, checkpoint_every=4)
+    with pytest.warns(UserWarning, match="sequentially"):
+        two = MCMC(kernel, warmup_steps=5, num_samples=10, num_chains=200, disable_progbar=True,
+                   initial_params={"x": torch.randn(200, 2)})  # fmt: skip
+    with pytest.raises(ValueError, match="num_chains=1"):
+        checkpoint.run(two, checkpoint=tmp_path / "two", checkpoint_every=4)
+    with pytest.raises(TypeError, match="ChainState"):
+        kernel.resume_from = kernel.last_state.state
+
+
+def test_last_state_survives_cleanup_and_pickling():
+    kernel = SGNHT(potential_fn=energy, step_size=0.1)
+    kernel.initial_params = {"x": torch.ones(2)}
+    kernel.setup(warmup_steps=0)
+    for _ in range(3):
+        kernel.sample(None)
+    kernel.cleanup()
+    kernel.cleanup()  # Pyro's MCMC calls it twice
+    assert isinstance(kernel.last_state, ChainState) and kernel.last_state.state.i == 3
+    copy = pickle.loads(pickle.dumps(kernel))
+    assert_states_equal(copy.last_state.state, kernel.last_state.state)

@@ -1,0 +1,165 @@
+"""The algorithm layer (:mod:`ppl_sgmcmc.algorithms`): one definition serves both backends.
+
+The worked example of the developer guide ("Adding an algorithm": Langevin dynamics with a fixed
+diagonal preconditioner) is built here exactly as the page shows it, one rule, one algorithm class and
+one line per backend, and must sample a known Gaussian on both backends within Monte Carlo error.
+The layer's own mechanics are tested too: rules receive only the arguments they declare, schedules of
+any schedulable option, the named Gibbs options, and SGFS's hyper-parameters before ``init``.
+"""
+
+from types import SimpleNamespace
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pyro
+import pytest
+import torch
+from array_api_compat import array_namespace
+from numpyro.infer import MCMC
+
+from ppl_sgmcmc import _checks, algorithms
+from ppl_sgmcmc import numpyro as np_backend
+from ppl_sgmcmc import pyro as pyro_backend
+from ppl_sgmcmc.algorithms import call_kwargs
+from tests.helpers import K_SIGMA, mean_and_mcse
+
+# --- the developer guide's worked example ------------------------------------------------------------
+
+
+class DiagonalSGLDState(NamedTuple):
+    """No auxiliary state."""
+
+
+def _init(position, noise):
+    return DiagonalSGLDState()
+
+
+def _step(position, state, grad_fn, noise, step_size, mass, temperature=1.0):
+    xp = array_namespace(position)
+    gradient = grad_fn(position)
+    m = xp.asarray(mass, dtype=position.dtype)
+    position = position - step_size * m * gradient.grad + xp.sqrt(2 * step_size * temperature * m) * noise
+    return position, state, gradient
+
+
+diagonal_sgld_rule = SimpleNamespace(NEEDS="gradient", init=_init, step=_step)
+
+
+class DiagonalSGLD(algorithms.Algorithm):
+    rule = diagonal_sgld_rule
+
+    def __init__(self, model=None, potential_fn=None, *, step_size, mass=1.0, **kwargs):
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        self._options = {"mass": _checks.positive_definite("mass", mass, self.name)}
+
+
+class NumPyroDiagonalSGLD(DiagonalSGLD, np_backend.SGMCMCKernel):
+    pass
+
+
+class PyroDiagonalSGLD(DiagonalSGLD, pyro_backend.SGMCMCKernel):
+    pass
+
+
+VARIANCES = np.array([4.0, 0.25])  # a diagonal Gaussian whose scales differ by 4x
+STEP = 0.01  # with m = Σ each coordinate moves by h m λ = 0.01 per step
+
+
+def _predicted_variance():
+    """Euler-Maruyama's stationary variance of ``x ← x - a x + sqrt(2 h m) ζ`` with ``a = h m/σ²``:
+    ``σ² / (1 - a/2)``."""
+    a = STEP * VARIANCES / VARIANCES
+    return VARIANCES / (1 - a / 2)
+
+
+def _check_moments(draws):
+    """``draws`` (chains, samples, 2): the mean is 0 and the variance the predicted one, within MC error."""
+    mean, mcse = mean_and_mcse(draws)
+    assert np.all(np.abs(mean) < K_SIGMA * mcse), (mean, mcse)
+    var, var_mcse = mean_and_mcse(draws**2)
+    predicted = _predicted_variance()
+    assert np.all(np.abs(var - predicted) < K_SIGMA * var_mcse), (var, predicted, var_mcse)
+
+
+def test_worked_example_numpyro():
+    kernel = NumPyroDiagonalSGLD(
+        potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2 / VARIANCES), step_size=STEP, mass=VARIANCES,
+        steps_per_sample=10,
+    )  # fmt: skip
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=4000, num_chains=4, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros((4, 2))})
+    _check_moments(np.asarray(mcmc.get_samples(group_by_chain=True)["x"]))
+
+
+def test_worked_example_pyro():
+    pyro.set_rng_seed(0)
+    variances = torch.as_tensor(VARIANCES, dtype=torch.float32)
+    kernel = PyroDiagonalSGLD(
+        potential_fn=lambda z: 0.5 * (z["x"] ** 2 / variances).sum(), step_size=STEP, mass=VARIANCES,
+        steps_per_sample=10,
+    )  # fmt: skip
+    mcmc = pyro.infer.MCMC(
+        kernel, warmup_steps=100, num_samples=3000, initial_params={"x": torch.zeros(2)}, disable_progbar=True
+    )
+    mcmc.run()
+    _check_moments(mcmc.get_samples(group_by_chain=True)["x"].numpy())
+
+
+# --- the layer's mechanics -----------------------------------------------------------------------------
+
+
+def test_rules_receive_only_what_they_declare():
+    def init(position, noise, diffusion):
+        return ()
+
+    assert call_kwargs(init, {"diffusion": 1.0, "friction": 2.0, "step_index": 0}) == {"diffusion": 1.0}
+    assert call_kwargs(lambda **kw: kw, {"a": 1}) == {"a": 1}  # **kwargs takes everything
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_schedulable_options(backend):
+    kernel = backend.SGHMC(potential_fn=lambda z: 0.0, step_size=0.1, friction=lambda t: 1.0 + t, temperature=2.0)
+    hyper = kernel.hyperparameters_at(3)
+    assert hyper["friction"] == 4.0 and hyper["temperature"] == 2.0 and hyper["step_index"] == 3
+    with pytest.raises(ValueError, match="`diffusion` must be a number"):
+        backend.SGNHT(potential_fn=lambda z: 0.0, step_size=0.1, diffusion=lambda t: 1.0)
+    with pytest.raises(ValueError, match="`friction` must be a finite positive number"):
+        backend.SGHMC(potential_fn=lambda z: 0.0, step_size=0.1, friction=-1.0)
+
+
+def test_scheduled_temperature_moves_the_chain():
+    """A temperature schedule reaches the rule: at τ = 4 the stationary variance of a standard normal is 4."""
+    kernel = np_backend.SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.01,
+                             temperature=lambda t: jnp.where(t < 10**9, 4.0, 1.0), steps_per_sample=10)  # fmt: skip
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=4000, num_chains=4, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(1), init_params={"x": jnp.zeros((4, 3))})
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["x"])
+    var, mcse = mean_and_mcse(draws**2)
+    predicted = 4.0 / (1 - 0.01 / 2)
+    assert np.all(np.abs(var - predicted) < K_SIGMA * mcse), (var, mcse)
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_gibbs_options_are_named(backend):
+    kernel = backend.SGLD(lambda: None, step_size=0.1, gibbs_sites=["z"], gibbs_fn=lambda *a: {})
+    assert isinstance(kernel._gibbs, algorithms.GibbsOptions)
+    assert kernel._gibbs.sites == ("z",) and kernel._gibbs.sweeps == (5, 5) and kernel._gibbs.init is None
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_sgfs_hyperparameters_before_init(backend):
+    hyper = backend.SGFS(lambda: None, alpha=0.0, fisher="diagonal").hyperparameters()
+    assert hyper["fisher"] == "diagonal" and hyper["data_size"] is None and hyper["num_warmup"] == 0
+
+
+def test_one_definition_per_algorithm():
+    """Both backends' kernels are their algorithm mixed into the backend's base class, and nothing more."""
+    for name in ("SGLD", "SGHMC", "SGNHT", "PSGLD", "SGFS", "CSGLD", "CSGHMC", "SGRLD"):
+        algorithm = getattr(algorithms, name)
+        for backend in (np_backend, pyro_backend):
+            kernel = getattr(backend, name)
+            assert issubclass(kernel, algorithm) and issubclass(kernel, backend.SGMCMCKernel)
+            own = {k for k in vars(kernel) if not k.startswith("__")} - {"state_type", "_abc_impl"}
+            assert not own, f"{backend.__name__}.{name} defines {own}: put it in the algorithm or the base class"

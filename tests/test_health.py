@@ -1,0 +1,148 @@
+"""A run that goes wrong says so, on both backends (:mod:`ppl_sgmcmc.health`), and a step into a region
+where the model is undefined is undone rather than absorbing the chain."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pyro
+import pytest
+import torch
+from numpyro.infer import MCMC
+
+from ppl_sgmcmc import numpyro as np_backend
+from ppl_sgmcmc import pyro as pyro_backend
+
+
+def log_energy_jax(z):  # y = -1 observed twice as N(log a, 1), prior N(0, 1): undefined for a < 0
+    return 0.5 * z["a"] ** 2 + (jnp.log(z["a"]) + 1.0) ** 2
+
+
+def log_energy_torch(z):
+    return 0.5 * z["a"] ** 2 + (torch.log(z["a"]) + 1.0) ** 2
+
+
+def run_numpyro(kernel, num_samples=300, init=None):
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=num_samples, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), init_params=init)
+    return mcmc
+
+
+def run_pyro(kernel, num_samples=300, init=None, *args):
+    pyro.set_rng_seed(0)
+    mcmc = pyro.infer.MCMC(kernel, warmup_steps=0, num_samples=num_samples, initial_params=init, disable_progbar=True)
+    mcmc.run(*args)
+    return mcmc
+
+
+def quiet(run):
+    """Run ``run()`` and return (its result, the ppl_sgmcmc health warnings it raised)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run()
+    return result, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+# --- a step into an undefined region is undone ----------------------------------------------------------
+
+
+def test_undefined_region_is_rolled_back_numpyro():
+    """Steps land at a < 0, where the gradient is NaN: the next step returns to the last point with a finite
+    gradient, so the chain keeps moving instead of repeating one point forever."""
+    kernel = np_backend.SGLD(potential_fn=log_energy_jax, step_size=1e-2)
+    mcmc = run_numpyro(kernel, 2000, {"a": jnp.array(np.exp(-1.0))})
+    a = np.asarray(mcmc.get_samples()["a"])
+    assert int(mcmc.last_state.num_diverging) > 0  # it did step into a < 0 ...
+    assert np.mean(a < 0) < 0.05 and np.unique(a[-500:]).size > 400  # ... and came back, and keeps moving
+
+
+def test_undefined_region_is_rolled_back_pyro():
+    kernel = pyro_backend.SGLD(potential_fn=log_energy_torch, step_size=1e-2)
+    mcmc = run_pyro(kernel, 2000, {"a": torch.tensor(np.exp(-1.0), dtype=torch.float32)})
+    a = mcmc.get_samples()["a"].numpy()
+    assert kernel.diagnostics()["num_diverging"] > 0
+    assert np.mean(a < 0) < 0.05 and np.unique(a[-500:]).size > 400
+
+
+# --- warnings: they fire on constructed failures, once, and stay silent on healthy runs -------------------
+
+
+def normal_energy_jax(z):
+    return 0.5 * jnp.sum(z["x"] ** 2)
+
+
+def normal_energy_torch(z):
+    return 0.5 * (z["x"] ** 2).sum()
+
+
+STEP_SIZE = "Fix the `step_size` schedule"
+REJECTIONS = "were rejected as non-finite"
+
+
+def storm_jax(z, rng_key):  # 80% of the minibatch energies are infinite: a storm of rejected steps
+    return jnp.where(jax.random.uniform(rng_key) < 0.8, jnp.inf, 0.5 * jnp.sum(z["x"] ** 2))
+
+
+def storm_torch(z, generator):
+    energy = 0.5 * (z["x"] ** 2).sum()
+    return energy * torch.inf if float(torch.rand((), generator=generator)) < 0.8 else energy
+
+
+def check_messages(messages, expected):
+    assert any(expected in m for m in messages), messages
+    kinds = [m.split(";")[0].split(":")[1][:30] for m in messages]
+    assert len(set(kinds)) == len(kinds), messages  # each kind once per run
+
+
+def test_warnings_numpyro():
+    # a schedule that turns negative at step 100 (then its steps are rejected: the storm is reported too)
+    kernel = np_backend.SGLD(potential_fn=normal_energy_jax, step_size=lambda t: 0.1 - 1e-3 * t)
+    _, messages = quiet(lambda: run_numpyro(kernel, init={"x": jnp.ones(2)}))
+    check_messages(messages, STEP_SIZE)
+    kernel = np_backend.SGLD(potential_fn=storm_jax, step_size=0.1)
+    _, messages = quiet(lambda: run_numpyro(kernel, init={"x": jnp.ones(2)}))
+    assert len(messages) == 1 and REJECTIONS in messages[0], messages
+
+
+def test_warnings_pyro():
+    kernel = pyro_backend.SGLD(potential_fn=normal_energy_torch, step_size=lambda t: 0.1 - 1e-3 * t)
+    _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
+    check_messages(messages, STEP_SIZE)
+    kernel = pyro_backend.SGLD(potential_fn=storm_torch, step_size=0.1)
+    _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
+    assert len(messages) == 1 and REJECTIONS in messages[0], messages
+
+
+def test_runaway_warning():
+    """A chain pushed off to huge values (a linear energy with no minimum) is reported on both backends."""
+    kernel = np_backend.SGLD(potential_fn=lambda z: -1e7 * jnp.sum(z["x"]), step_size=1.0)
+    _, messages = quiet(lambda: run_numpyro(kernel, num_samples=50, init={"x": jnp.zeros(2)}))
+    assert len(messages) == 1 and "diverging" in messages[0]
+    kernel = pyro_backend.SGLD(potential_fn=lambda z: -1e7 * z["x"].sum(), step_size=1.0)
+    _, messages = quiet(lambda: run_pyro(kernel, 50, {"x": torch.zeros(2)}))
+    assert len(messages) == 1 and "diverging" in messages[0]
+
+
+def test_healthy_runs_are_silent():
+    kernel = np_backend.SGNHT(potential_fn=normal_energy_jax, step_size=0.1)
+    _, messages = quiet(lambda: run_numpyro(kernel, init={"x": jnp.ones(2)}))
+    assert messages == []
+    kernel = np_backend.SGLD(potential_fn=normal_energy_jax, step_size=0.1)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=300, num_chains=3, chain_method="vectorized", progress_bar=False)
+    _, messages = quiet(lambda: mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones((3, 2))}))
+    assert messages == []
+    kernel = pyro_backend.SGNHT(potential_fn=normal_energy_torch, step_size=0.1)
+    _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
+    assert messages == []
+
+
+def test_step_size_at_step_zero_is_checked():
+    for backend, energy in ((np_backend, normal_energy_jax), (pyro_backend, normal_energy_torch)):
+        kernel = backend.SGLD(potential_fn=energy, step_size=lambda t: 0.0 * t - 1.0)
+        with pytest.raises(ValueError, match="step size at step 0 is -1.0"):
+            if backend is np_backend:
+                kernel.init(jax.random.PRNGKey(0), 0, {"x": jnp.ones(2)})
+            else:
+                kernel.initial_params = {"x": torch.ones(2)}
+                kernel.setup(0)
