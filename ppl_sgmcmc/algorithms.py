@@ -222,6 +222,20 @@ class Algorithm:
         hyper = call_kwargs(self.rule.step, self.hyperparameters_at(i))
         return self.rule.step(position, state, grad_fn, noise, self.step_size_at(i), **hyper)
 
+    def _rule_step_recorded(
+        self, position: Any, state: Any, grad_fn: Callable[[Any], Any], noise: Any, i: Any
+    ) -> tuple:
+        """:meth:`rule_step`, and the point where the rule took its gradient (where a rejected step returns
+        depends on whether that was ``position`` itself)."""
+        at = []
+
+        def recorded(x: Any) -> Any:
+            at.append(x)
+            return grad_fn(x)
+
+        position_new, state, gradient = self.rule_step(position, state, recorded, noise, i)
+        return position_new, state, gradient, at[0]
+
     def step_size_at(self, i: Any) -> Any:  # pragma: no cover - each backend defines it
         """The step size ``h_i`` of step ``i``, as the backend's arrays want it."""
         raise NotImplementedError

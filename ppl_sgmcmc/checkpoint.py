@@ -259,11 +259,8 @@ def _run_numpyro(mcmc: Any, args: tuple, kwargs: dict, directory: Path, every: i
 def _run_pyro(mcmc: Any, args: tuple, kwargs: dict, directory: Path, every: int) -> None:
     import torch
 
-    from ppl_sgmcmc.pyro.inference_data import sample_stats
-    from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
-
     kernel = mcmc.kernel
-    if not isinstance(kernel, SGMCMCKernel):
+    if not (hasattr(kernel, "last_state") and hasattr(kernel, "resume_from")):
         raise TypeError("checkpoint.run: expected a Pyro `MCMC` of a ppl_sgmcmc kernel.")
     if mcmc.num_chains != 1:
         raise ValueError(
@@ -290,12 +287,12 @@ def _run_pyro(mcmc: Any, args: tuple, kwargs: dict, directory: Path, every: int)
                 mcmc.warmup_steps = sampler.warmup_steps = 0
             mcmc.run(*args, **kwargs)
             state, diagnostics = kernel.last_state, mcmc._diagnostics
-            stats = sample_stats(mcmc)
-            diverging = np.zeros((1, n), bool)
-            diverging[0, diagnostics[0]["divergences"]] = True
+            stats = {"diverging": np.zeros((1, n), bool)}
+            stats["diverging"][0, diagnostics[0]["divergences"]] = True
+            stats.update({field: np.asarray(diagnostics[0][field])[None] for field in kernel.sample_stats_fields})
             draws = {
                 "posterior": {k: v.detach().cpu().numpy() for k, v in mcmc.get_samples(group_by_chain=True).items()},
-                "sample_stats": {"diverging": diverging, **stats},
+                "sample_stats": stats,
             }
             done, chunks = _save_chunk(directory, config, chunks, draws, done + n, state, diagnostics)
     finally:

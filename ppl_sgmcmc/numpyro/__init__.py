@@ -3,9 +3,22 @@
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.inference_data import full_data_log_likelihood, predictive, to_inference_data
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel, SGMCMCState
-from ppl_sgmcmc.numpyro.kernels import PSGLD, SGHMC, SGLD, SGNHT
-from ppl_sgmcmc.numpyro.kernels import SGFS
-from ppl_sgmcmc.numpyro.kernels import SGRLD
-from ppl_sgmcmc.numpyro.kernels import CSGHMC, CSGLD, ContourState
+from ppl_sgmcmc.numpyro.kernels import CSGHMC, CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT, SGRLD, ContourState
 
-__all__ = ["CSGHMC", "CSGLD", "ContourState", "PSGLD", "SGFS", "SGHMC", "SGLD", "SGMCMCKernel", "SGMCMCState", "SGNHT", "SGRLD", "full_data", "full_data_log_likelihood", "predictive", "to_inference_data"]
+__all__ = [
+    "CSGHMC",
+    "CSGLD",
+    "ContourState",
+    "PSGLD",
+    "SGFS",
+    "SGHMC",
+    "SGLD",
+    "SGMCMCKernel",
+    "SGMCMCState",
+    "SGNHT",
+    "SGRLD",
+    "full_data",
+    "full_data_log_likelihood",
+    "predictive",
+    "to_inference_data",
+]

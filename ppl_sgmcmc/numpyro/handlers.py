@@ -24,12 +24,13 @@ def _unsampled_class(cls: type[Distribution]) -> type[Distribution]:
     if cls not in _UNSAMPLED_CLASSES:
 
         def __call__(self: Distribution, *args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("rng_key") is not None:
+            site = getattr(self, "_full_data_site", None)  # None in a copy made by JAX (unflattened)
+            if kwargs.get("rng_key") is not None or site is None:
                 return super(subclass, self).__call__(*args, **kwargs)
             sample_shape = kwargs.get("sample_shape", ())
             dtype = jnp.int32 if self.support.is_discrete else jnp.result_type(float)
             value = jnp.zeros(self.shape(sample_shape), dtype)
-            handler, name = self._full_data_site
+            handler, name = site
             handler._unsampled.append(name)
             return (value, []) if kwargs.get("sample_intermediates") else value
 

@@ -68,6 +68,50 @@ class SGMCMCState(NamedTuple):
     finite_position: jax.Array
     rng_key: jax.Array
 
+    def __getitem__(self, key):
+        # numpyro's `extra_fields` falls back to `state[name]` for a name that is not an attribute
+        if isinstance(key, str):
+            raise KeyError(_unknown_field(self, key))
+        return tuple.__getitem__(self, key)
+
+
+def _unknown_field(state, name):
+    """The message for an ``extra_fields`` entry that names no field of an SG-MCMC state."""
+    rule_fields = ", ".join(f"rule_state.{field}" for field in getattr(state.rule_state, "_fields", ()))
+    hmc = " It is HMC's: an SG-MCMC step has no Metropolis test." if name in _HMC_FIELDS else ""
+    return (
+        f"{type(state).__name__} has no field {name!r}.{hmc} Collectable fields: {', '.join(state._fields)}"
+        + (f", {rule_fields}" if rule_fields else "")
+        + "."
+    )
+
+
+_HMC_FIELDS = ("accept_prob", "mean_accept_prob", "num_steps", "adapt_state", "energy", "trajectory_length")
+
+
+class _Merge:
+    """Rebuilds a pytree from its array leaves (see :func:`_split_arrays`)."""
+
+    def __init__(self, treedef, static, static_paths):
+        self.treedef, self.static, self.static_paths = treedef, static, static_paths
+
+    def __call__(self, arrays):
+        arrays = iter(arrays)
+        return self.treedef.unflatten([next(arrays) if leaf is _ARRAY else leaf for leaf in self.static])
+
+
+_ARRAY = object()
+
+
+def _split_arrays(tree):
+    """``(array leaves, merge)``: the array leaves of ``tree`` (to pass to a compiled function) and
+    ``merge(arrays)``, which rebuilds ``tree`` with its other leaves (Python numbers, strings) in place."""
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    arrays = [leaf for _, leaf in with_paths if isinstance(leaf, jax.Array)]
+    static = [_ARRAY if isinstance(leaf, jax.Array) else leaf for _, leaf in with_paths]
+    static_paths = {path for path, leaf in with_paths if not isinstance(leaf, jax.Array)}
+    return arrays, _Merge(treedef, static, static_paths)
+
 
 def _all_finite(tree):
     """Whether every entry of every leaf is finite, by one reduction: a sum is finite only if its terms are."""
@@ -309,9 +353,17 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             )
         flat, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params)
         self._check_dimension(self._target, flat.shape[0])
-        init_one = partial(self._init_state, model_args=model_args, model_kwargs=model_kwargs)
+        # the data arrays are arguments of the compiled function, not constants baked into it (large N);
+        # other leaves (a `batch_size` used as `subsample_size`) stay static
+        data, merge = _split_arrays((model_args, model_kwargs))
+        self._static_leaves = merge.static_paths
+
+        def init_one(params, key, data):
+            return self._init_state(params, key, *merge(data))
+
+        init_one = vmap(init_one, in_axes=(0, 0, None)) if vectorized else init_one
         with model_errors(name, "computing the first stochastic gradient"):
-            state = jax.jit(vmap(init_one) if vectorized else init_one)(init_params, rng_key)
+            state = jax.jit(init_one)(init_params, rng_key, data)
         self._vectorized = vectorized
         self._sample_fn = vmap(self._sample_one, in_axes=(0, None, None)) if vectorized else self._sample_one
         self._health = health.Reporter(name)
@@ -340,9 +392,26 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """
         if self._sample_fn is None:
             raise RuntimeError(f"{type(self).__name__}: call `init` before `sample`.")
-        state = self._sample_fn(state, as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {}))
+        model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
+        self._check_static(model_args, model_kwargs)
+        state = self._sample_fn(state, model_args, model_kwargs)
         self._check_health(state)
         return state
+
+    def _check_static(self, model_args, model_kwargs):
+        """A model argument that was a Python number at :meth:`init` (it may be a shape, e.g. a plate's
+        ``subsample_size``) must not arrive traced, as ``MCMC(jit_model_args=True)`` passes it."""
+        leaves = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))[0]
+        for path, leaf in leaves:
+            if path in self._static_leaves and isinstance(leaf, jax.core.Tracer):
+                which = path[1]
+                where = f"positional argument {which.idx}" if path[0].idx == 0 else f"keyword argument {which.key!r}"
+                raise ValueError(
+                    f"{self.name}: MCMC(jit_model_args=True) traces every model argument, but the model's "
+                    f"{where} is a Python number it may use as a shape (a plate's "
+                    "`subsample_size`, say). Pass it by closure instead, e.g. `functools.partial(model, "
+                    "batch_size=100)`, or run with jit_model_args=False."
+                )
 
     def _check_health(self, state):
         """Warn, from inside the compiled run, once per run and kind, when a chain shows a known failure
@@ -421,11 +490,14 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         )
         noise = random.normal(key_noise, flat.shape, flat.dtype)
         step_size = self.step_size_at(state.i)
-        new_flat, rule_state, gradient = self.rule_step(flat, state.rule_state, grad_fn, noise, state.i)
-        # a rejected step returns to the last position whose gradient was finite: this one if its gradient
-        # is, else the one before (a step that landed where the model is undefined is undone)
+        new_flat, rule_state, gradient, point = self._rule_step_recorded(flat, state.rule_state, grad_fn, noise, state.i)
+        at_start = jnp.all(point == flat)
+        # A rule that takes its gradient at the chain's position (SGLD, pSGLD, SGFS, SGRLD) finds a position
+        # where the model is undefined only when it steps from it: that step goes back to the last position
+        # whose gradient was finite. Other rejected steps keep the position.
         gradient_finite = _all_finite((gradient.energy, gradient.grad))
-        safe_flat = jnp.where(gradient_finite, flat, state.finite_position)
+        safe_flat = jnp.where(at_start & ~gradient_finite, state.finite_position, flat)
+        finite_position = jnp.where(gradient_finite, flat, state.finite_position)
         # a non-finite gradient reaches the new position through every rule
         finite = gradient_finite & _all_finite((new_flat, rule_state)) & (step_size > 0)
         keep = partial(jnp.where, finite)
@@ -448,7 +520,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             num_diverging=state.num_diverging + (~finite).astype(jnp.int32),
             batch_state=batch_state,
             gradient_state=jax.tree.map(keep, gradient_state, state.gradient_state),
-            finite_position=safe_flat,
+            finite_position=finite_position,
             rng_key=rng_key,
         )
 

@@ -1,7 +1,8 @@
 """Effect handlers that change how a Pyro model's subsampled plates behave.
 
 * :class:`subsample_plates` fixes the indices of subsampled plates (the kernel's minibatch).
-* :class:`full_data` runs subsampled plates on all of their data, with scale 1 (evaluation, ArviZ).
+* :class:`full_data` runs subsampled plates on all of their data, with scale 1 (evaluation, ArviZ,
+  ``Predictive``, Pyro's NUTS).
 * :class:`FullDataModel` is a model wrapped in :class:`full_data`, a picklable callable (the kernels'
   :attr:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel.model`).
 
@@ -167,7 +168,10 @@ def full_data(fn: Callable[..., Any] | None = None) -> FullDataMessenger | Calla
     and scale 1. ``full_data(model)`` wraps a model; ``with full_data():`` works too.
 
     This is the view of the model that evaluation needs: ArviZ's pointwise log-likelihood and
-    observed data, posterior predictive checks, and deterministic sites.
+    observed data, posterior predictive checks (``Predictive(full_data(model), samples)``: the
+    subsampled model would predict a random minibatch of rows per draw), and deterministic sites.
+    The trace has no subsample site left (the plate's site is a full ``plate(name, N)``), so Pyro's
+    ``NUTS(full_data(model))`` runs on all the data: the gold standard for an SG-MCMC run.
 
     **Example**::
 
@@ -179,6 +183,13 @@ def full_data(fn: Callable[..., Any] | None = None) -> FullDataMessenger | Calla
         >>> tr = pyro.poutine.trace(full_data(model)).get_trace(torch.zeros(5))
         >>> tr.nodes["y"]["value"].shape, tr.nodes["y"]["scale"]
         (torch.Size([5]), 1.0)
+        >>> is_subsample_site(tr.nodes["data"]), tr.nodes["data"]["fn"].subsample_size
+        (False, None)
+        >>> from pyro.infer import MCMC, NUTS
+        >>> mcmc = MCMC(NUTS(full_data(model)), warmup_steps=20, num_samples=20, disable_progbar=True)
+        >>> mcmc.run(torch.zeros(5))
+        >>> mcmc.get_samples()["mu"].shape
+        torch.Size([20])
     """
     messenger = FullDataMessenger()
     return messenger(fn) if fn is not None else messenger

@@ -130,7 +130,9 @@ def _vectorized(mcmc: MCMC, chunk: dict[str, torch.Tensor], observed: dict[str, 
         site = model_trace.nodes[name]
         values = site["fn"].log_prob(site["value"])
         if values.numel() != num * math.prod(shape):  # broadcast wrongly
-            raise ValueError(f"site {name!r}: log_prob of shape {tuple(values.shape)} for {num} draws of {tuple(shape)}")
+            raise ValueError(
+                f"site {name!r}: log_prob of shape {tuple(values.shape)} for {num} draws of {tuple(shape)}"
+            )
         out[name] = values.reshape((num,) + tuple(shape))
     return out
 
@@ -177,7 +179,8 @@ def full_data_log_likelihood(
         >>> full_data_log_likelihood(mcmc, max_log_likelihood_bytes=1000)
         Traceback (most recent call last):
         ...
-        ValueError: the pointwise log-likelihood would take 0.00 GiB (1 chains × 20 draws × 100 ('y') values), above max_log_likelihood_bytes=1000. Pass log_likelihood=False, ...
+        ValueError: the pointwise log-likelihood would take 0.00 GiB (1 chains × 20 draws × 100 ('y') values), ...
+        Pass log_likelihood=False, ...
     """
     _check(mcmc)
     sites = _sites(mcmc)
@@ -192,7 +195,8 @@ def full_data_log_likelihood(
     if num_bytes > max_log_likelihood_bytes:
         raise ValueError(_too_large(num_bytes, max_log_likelihood_bytes, num_chains, num_draws, sizes))
     out = {
-        name: torch.empty((total,) + tuple(shape), dtype=dtype).numpy() for name, (shape, dtype) in sites.observed.items()
+        name: torch.empty((total,) + tuple(shape), dtype=dtype).numpy()
+        for name, (shape, dtype) in sites.observed.items()
     }
     vectorize = True
     with torch.no_grad(), poutine.block():
@@ -295,9 +299,7 @@ def to_inference_data(
                 if name in observed and observed[name].shape == pointwise[name].shape[2:]:
                     dims[name] = list(observed[name].dims)
                     coords.update({dim: observed[dim].values for dim in observed[name].dims if dim in observed.coords})
-        idata.add_groups(
-            log_likelihood=az.dict_to_dataset(pointwise, library=pyro, dims=dims, coords=coords or None)
-        )
+        idata.add_groups(log_likelihood=az.dict_to_dataset(pointwise, library=pyro, dims=dims, coords=coords or None))
     return idata
 
 

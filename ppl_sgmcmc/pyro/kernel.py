@@ -370,10 +370,17 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         noise = self._normal(flat)
         finite = False
         if step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
-            new_flat, rule_state, gradient = self.rule_step(flat, state.rule_state, grad_fn, noise, state.i)
-            # one reduction each: a sum is finite only if its terms are
-            if bool(torch.isfinite(gradient.energy + gradient.grad.sum())):
-                self._finite_flat = flat  # a rejected step returns to the last point with a finite gradient
+            new_flat, rule_state, gradient, point = self._rule_step_recorded(
+                flat, state.rule_state, grad_fn, noise, state.i
+            )
+            # one reduction each: a sum is finite only if its terms are. A rule that takes its gradient at the
+            # chain's position (SGLD, pSGLD, SGFS, SGRLD) finds a position where the model is undefined only
+            # when it steps from it: that step goes back to the last position whose gradient was finite.
+            if not bool(torch.isfinite(gradient.energy + gradient.grad.sum())):
+                if bool(torch.equal(point, flat)):
+                    flat = self._finite_flat
+            else:
+                self._finite_flat = flat
                 total = new_flat.sum()
                 for leaf in rule_state:
                     if leaf is not None:  # e.g. CSGLD's momentum
@@ -383,7 +390,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._flat = new_flat
             energy, diverging = gradient.energy, False
         else:
-            self._flat = self._finite_flat
+            self._flat = flat
             rule_state, energy, diverging = state.rule_state, state.potential_energy, True
             gradient_state = state.gradient_state
             if has_momentum(rule_state):  # redraw the momentum that made the step diverge
@@ -598,9 +605,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     @resume_from.setter
     def resume_from(self, state: Any) -> None:
-        from ppl_sgmcmc.checkpoint import ChainState
-
-        if state is not None and not isinstance(state, ChainState):
+        # by its fields, not its class: a state unpickled elsewhere is one too
+        if state is not None and not all(hasattr(state, f) for f in ("state", "generator_state", "num_warmup")):
             raise TypeError(
                 f"{self.name}: `resume_from` takes a ppl_sgmcmc.checkpoint.ChainState (a kernel's `last_state`), "
                 f"got {type(state).__name__}."
@@ -610,7 +616,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     def _continue_chain(self, resume: Any) -> None:
         """Make the chain that :meth:`setup` has just set up the continuation of ``resume``."""
         state, layout = resume.state, self._target.layout
-        if not isinstance(state, self.state_type):
+        if type(state).__name__ != self.state_type.__name__:
             raise TypeError(
                 f"{self.name}: `resume_from` holds a {type(state).__name__}, not a {self.state_type.__name__}: "
                 "continue a chain with a kernel of its own kind."

@@ -38,6 +38,7 @@ from typing import NamedTuple
 from array_api_compat import array_namespace
 
 from ppl_sgmcmc.rules import csgld, psgld, rms, sgfs, sghmc, sgld, sgnht, sgrld
+from ppl_sgmcmc.rules._types import Array
 
 
 class StochasticGradient(NamedTuple):
@@ -61,10 +62,10 @@ class StochasticGradient(NamedTuple):
         (2.5, [1.0, -2.0], True)
     """
 
-    energy: object
-    grad: object
-    score: object
-    per_example: object = None
+    energy: Array
+    grad: Array
+    score: Array
+    per_example: Array | None = None
 
 
 def has_momentum(state):

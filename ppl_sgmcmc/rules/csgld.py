@@ -66,6 +66,7 @@ from typing import NamedTuple
 from array_api_compat import array_namespace, device
 
 from ppl_sgmcmc.rules import sghmc, sgld
+from ppl_sgmcmc.rules._types import Array
 
 NEEDS = "gradient"  # what the rule reads from the gradient (see ppl_sgmcmc.rules)
 INTEGRATORS = ("langevin", "euler", "splitting")
@@ -108,17 +109,17 @@ class CSGLDState(NamedTuple):
         ((3,), True, 0, 1.0)
     """
 
-    position: object
-    momentum: object
-    theta: object
-    energy_min: object
-    energy_gap: object
-    energy_mean: object
-    energy_m2: object
-    count: object
-    log_weight: object
-    partition: object
-    multiplier: object
+    position: Array
+    momentum: Array | None
+    theta: Array
+    energy_min: Array
+    energy_gap: Array
+    energy_mean: Array
+    energy_m2: Array
+    count: Array  # type: ignore[assignment]  # (shadows tuple.count)
+    log_weight: Array
+    partition: Array
+    multiplier: Array
 
 
 def init(

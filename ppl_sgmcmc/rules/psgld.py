@@ -15,6 +15,7 @@ from typing import NamedTuple
 from array_api_compat import array_namespace
 
 from ppl_sgmcmc.rules import rms
+from ppl_sgmcmc.rules._types import Array
 
 NEEDS = "score"  # the rule reads the mean per-datum score ḡ_t (see ppl_sgmcmc.rules)
 
@@ -30,7 +31,7 @@ class PSGLDState(NamedTuple):
         (2,)
     """
 
-    square_avg: object
+    square_avg: Array
 
 
 def init(position, noise):

@@ -45,6 +45,8 @@ from typing import NamedTuple
 
 from array_api_compat import array_namespace, device, is_jax_namespace, is_numpy_namespace, is_torch_namespace
 
+from ppl_sgmcmc.rules._types import Array
+
 #: This rule needs ``StochasticGradient.per_example`` (the ``n×d`` per-datum scores of the minibatch).
 NEEDS = "per_example"
 
@@ -88,9 +90,9 @@ class SGFSState(NamedTuple):
         ((3,), 0, 0)
     """
 
-    fisher: object
-    count: object
-    t: object
+    fisher: Array
+    count: Array  # type: ignore[assignment]  # (shadows tuple.count)
+    t: Array
 
 
 def check(d, fisher, B, max_full_dim):

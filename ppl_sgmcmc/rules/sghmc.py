@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 from array_api_compat import array_namespace
 
+from ppl_sgmcmc.rules._types import Array
+
 NEEDS = "gradient"  # what the rule reads from the gradient (see ppl_sgmcmc.rules)
 
 
@@ -37,7 +39,7 @@ class SGHMCState(NamedTuple):
         (2,)
     """
 
-    momentum: object
+    momentum: Array
 
 
 def init(position, noise, temperature=1.0):

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from array_api_compat import array_namespace
 
 from ppl_sgmcmc.rules import sghmc
+from ppl_sgmcmc.rules._types import Array
 
 NEEDS = "gradient"  # what the rule reads from the gradient (see ppl_sgmcmc.rules)
 
@@ -43,8 +44,8 @@ class SGNHTState(NamedTuple):
         [1.0, 1.0]
     """
 
-    momentum: object
-    thermostat: object
+    momentum: Array
+    thermostat: Array
 
 
 def kinetic(momentum, multivariate):

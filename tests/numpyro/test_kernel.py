@@ -5,6 +5,8 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC
 
@@ -175,3 +177,26 @@ def test_rejected_step_redraws_the_momentum():
         state = new
     assert len(redrawn) > 10 and np.all(np.isfinite(redrawn))
     assert np.abs(np.mean(redrawn)) < 0.5 and 0.5 < np.std(redrawn) < 1.5  # standard normal draws
+
+
+def _mean_model(y, batch_size=10):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    with numpyro.plate("data", y.shape[0], subsample_size=batch_size):
+        numpyro.sample("y", dist.Normal(mu, 1), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_unknown_extra_field_names_the_fields():
+    mcmc = MCMC(SGLD(_mean_model, step_size=1e-3), num_warmup=5, num_samples=5, progress_bar=False)
+    with pytest.raises(KeyError, match="no field 'accept_prob'. It is HMC's.*Collectable fields: i, z, "):
+        mcmc.run(jax.random.PRNGKey(0), jnp.ones(100), extra_fields=("accept_prob",))
+
+
+def test_a_batch_size_argument_stays_static():
+    """A Python number among the model's arguments (used as `subsample_size`) is not traced; under
+    `jit_model_args=True`, which traces it, the error says how to pass it instead."""
+    mcmc = MCMC(SGLD(_mean_model, step_size=1e-3), num_warmup=5, num_samples=5, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), jnp.ones(100), 20)
+    assert mcmc.get_samples()["mu"].shape == (5,)
+    mcmc = MCMC(SGLD(_mean_model, step_size=1e-3), num_warmup=5, num_samples=5, progress_bar=False, jit_model_args=True)
+    with pytest.raises(ValueError, match="jit_model_args=True.*positional argument 1 is a Python number.*partial"):
+        mcmc.run(jax.random.PRNGKey(0), jnp.ones(100), 20)

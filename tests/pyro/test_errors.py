@@ -1,6 +1,8 @@
 """Bad input gets a clear error that names the argument and the fix: the same messages as the NumPyro
 backend (``tests/numpyro/test_errors.py``) for the same mistakes."""
 
+from functools import partial
+
 import numpy as np
 import pyro
 import pyro.distributions as dist
@@ -157,3 +159,229 @@ def test_initial_params_must_cover_every_latent(logistic_data):
     with pytest.raises(ValueError, match=r"`initial_params` lacks the latent site\(s\) 'scale'"):
         MCMC(SGLD(logistic_model, step_size=1e-3), warmup_steps=1, num_samples=1, disable_progbar=True,
              initial_params={"w": torch.zeros(2)}).run(*logistic_data)  # fmt: skip
+
+
+def setup(kernel, *args, **kwargs):
+    """Only the kernel's setup (the checks, initial values, the full-data view), for inputs that must be accepted."""
+    kernel.setup(0, *args, **kwargs)
+    return kernel
+
+
+def _logistic(batch_size=20, subsample_y=True):
+    """The logistic regression with a given ``subsample_size``, optionally forgetting ``pyro.subsample(y)``."""
+
+    def model(X, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", X.shape[0], subsample_size=batch_size):
+            obs = pyro.subsample(y, event_dim=0) if subsample_y else y
+            pyro.sample("y", dist.Bernoulli(logits=pyro.subsample(X, event_dim=1) @ w), obs=obs)
+
+    return model
+
+
+@pytest.mark.parametrize("n", [0, 201, -5, 2.5])
+def test_subsample_size_must_lie_between_1_and_N(logistic_data, n):
+    """n = 0 divided by zero, n > N and n < 0 failed with unrelated errors."""
+    message = rf"SGLD: plate 'data' has size N = 200 and subsample_size n = {n}; subsample_size must be an integer"
+    with pytest.raises(ValueError, match=message) as info:
+        run(SGLD(_logistic(n), step_size=1e-3), *logistic_data)
+    assert "Trace Shapes" not in str(info.value)
+
+
+def test_subsample_size_equal_to_N_is_the_full_data(logistic_data):
+    with pytest.warns(UserWarning, match="no plate with `subsample_size`"):
+        setup(SGLD(_logistic(200), step_size=1e-3), *logistic_data)
+
+
+def test_non_finite_observations_name_the_site_and_rows(logistic_data):
+    """NaN in the data was reported as "found no initial values" (or as divergences, outside the first minibatch)."""
+    X, y = logistic_data
+    y = y.clone()
+    y[[3, 150]] = float("nan")
+    with pytest.raises(ValueError, match=r"observed site 'y' has non-finite values \(NaN or inf\) at rows \[3, 150\] "
+                       r"of plate 'data' \(2 of 200 rows\)"):  # fmt: skip
+        run(SGLD(_logistic(), step_size=1e-3), X, y)
+
+
+def test_non_finite_covariates_name_the_subsampled_array_and_rows(logistic_data):
+    X, y = logistic_data
+    X = X.clone()
+    X[17, 1] = float("inf")
+    message = r"the array of shape \(200, 2\) passed to `pyro.subsample\(..., event_dim=1\)` has non-finite values"
+    with pytest.raises(ValueError, match=message + r" \(NaN or inf\) at rows \[17\] of plate 'data'"):
+        run(SGLD(_logistic(), step_size=1e-3), X, y)
+
+
+def test_non_finite_observations_indexed_by_the_model_are_found(logistic_data):
+    """A model that indexes its data itself (``y[idx]``): the full data of its observed site are checked."""
+    X, y = logistic_data
+    y = y.clone()
+    y[199] = float("nan")
+
+    def model(X, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", X.shape[0], subsample_size=20) as idx:
+            pyro.sample("y", dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
+
+    with pytest.raises(ValueError, match=r"observed site 'y' has non-finite values .* at rows \[199\] of plate 'data'"):
+        run(SGLD(model, step_size=1e-3), X, y)
+
+
+def _mean_model(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", y.shape[0], subsample_size=20):
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+
+def _mean_model_event(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", y.shape[0], subsample_size=20):
+        pyro.sample("y", dist.Normal(mu, 1.0).expand([1]).to_event(1), obs=pyro.subsample(y, event_dim=1))
+
+
+def test_observation_that_broadcasts_against_the_plate_is_refused():
+    """``y`` of shape (N, 1) against a plate of size N at dim -1 broadcast to (N, n) pairs: a wrong posterior."""
+    y = 0.7 + torch.randn(200, 1, generator=torch.Generator().manual_seed(1))
+    message = (
+        r"(?s)observed site 'y' has a value of shape \(200, 1\) .* broadcasts with it to \(200, 20\).*"
+        r"Reshape the data of 'y' to \(200,\).*`pyro.subsample\(y, event_dim=1\)` and `.to_event\(1\)`"
+    )
+    with pytest.raises(ValueError, match=message):
+        run(SGLD(_mean_model, step_size=1e-3), y)
+    setup(SGLD(_mean_model_event, step_size=1e-3), y)  # the trailing dimension declared as an event
+    setup(SGLD(_mean_model, step_size=1e-3), y[:, 0])  # or reshaped
+
+
+def test_plate_name_reused_is_refused(logistic_data):
+    """Another size: the kernel would index both plates' data with one set of indices. The same size: Pyro
+    records a plate's indices as a sample site, so the plate must be built once and entered twice."""
+    X, y = logistic_data
+
+    def model(X, y, second, reuse=False):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        data = pyro.plate("data", 200, subsample_size=20)
+        with data:
+            pyro.sample("y", dist.Bernoulli(logits=pyro.subsample(X, event_dim=1) @ w),
+                        obs=pyro.subsample(y, event_dim=0))  # fmt: skip
+        with data if reuse else pyro.plate("data", second, subsample_size=20 if second == 200 else 10):
+            pyro.sample("y2", dist.Bernoulli(logits=pyro.subsample(X[:second], event_dim=1) @ w),
+                        obs=pyro.subsample(y[:second], event_dim=0))  # fmt: skip
+
+    with pytest.raises(ValueError, match=r"plate 'data' is declared with size 200 \(subsample_size 20\) and again "
+                       r"with size 100 \(subsample_size 10\).*its own name"):  # fmt: skip
+        run(SGLD(partial(model, second=100), step_size=1e-3), X, y)
+    with pytest.raises(ValueError, match=r"plate 'data' \(size 200, subsample_size 20\) is constructed twice.*"
+                       r"`data = pyro.plate\('data', 200, subsample_size=20\)`, then `with data: ...`"):  # fmt: skip
+        run(SGLD(partial(model, second=200), step_size=1e-3), X, y)
+    setup(SGLD(partial(model, second=200, reuse=True), step_size=1e-3), X, y)
+
+
+def test_observation_not_subsampled_says_wrap_it(logistic_data):
+    """Passing the full ``y`` as ``obs`` inside a subsampled plate failed later with a broadcasting error."""
+    message = (
+        r"observed site 'y' inside plate 'data' \(size 200, subsample_size 20, dim -1\) has a value of shape "
+        r"\(200,\), with the plate's full size 200 .* Wrap it in `pyro.subsample\(y, event_dim=0\)`"
+    )
+    with pytest.raises(ValueError, match=message):
+        run(SGLD(_logistic(subsample_y=False), step_size=1e-3), *logistic_data)
+
+
+def test_covariates_not_subsampled_say_so(logistic_data):
+    def model(X, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", X.shape[0], subsample_size=20):
+            pyro.sample("y", dist.Bernoulli(logits=X @ w), obs=pyro.subsample(y, event_dim=0))
+
+    with pytest.raises(
+        ValueError, match=r"(?s)full size 200 of plate 'data' met the minibatch's 20 rows.*pyro.subsample"
+    ):
+        run(SGLD(model, step_size=1e-3), *logistic_data)
+
+
+def test_potential_fn_with_a_defaulted_second_argument_is_deterministic():
+    """``f(z, scale=1.0)`` was called as ``f(z, generator)``."""
+
+    def energy(z, scale=1.0):
+        return scale * (z["x"] ** 2).sum()
+
+    kernel = SGLD(potential_fn=energy, step_size=1e-2)
+    MCMC(kernel, warmup_steps=2, num_samples=2, disable_progbar=True, initial_params={"x": torch.ones(2)}).run()
+    with pytest.raises(TypeError, match=r"`potential_fn` must take .* `f\(z, generator\)`; it requires 3 positional"):
+        MCMC(SGLD(potential_fn=lambda z, generator, data: 0.0, step_size=1e-2), warmup_steps=1, num_samples=1,
+             disable_progbar=True, initial_params={"x": torch.ones(2)}).run()  # fmt: skip
+
+
+def test_dtype_error_says_it_is_a_dtype_error(logistic_data):
+    """float64 (or integer) covariates against float32 latents got the hint about plate shapes."""
+    X, y = logistic_data
+    with pytest.raises(
+        ValueError, match=r"(?s)This is a dtype error, not a shape error.*args\[0\] of dtype torch.float64"
+    ):
+        run(SGLD(_logistic(), step_size=1e-3), X.double(), y)
+    with pytest.raises(
+        ValueError, match=r"(?s)This is a dtype error, not a shape error.*args\[0\] of dtype torch.int64"
+    ):
+        run(SGLD(_logistic(), step_size=1e-3), X.long(), y)
+
+
+def test_local_latent_error_points_at_local_gibbs_sites(logistic_data):
+    def model(X, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", X.shape[0], subsample_size=20):
+            u = pyro.sample("u", dist.Normal(0.0, 1.0))
+            logits = pyro.subsample(X, event_dim=1) @ w + u
+            pyro.sample("y", dist.Bernoulli(logits=logits), obs=pyro.subsample(y, event_dim=0))
+
+    with pytest.raises(NotImplementedError, match=r"Marginalise .* local Gibbs site: `gibbs_sites=\['u'\], gibbs_fn="):
+        run(SGLD(model, step_size=1e-3), *logistic_data)
+
+
+def test_same_model_messages_as_numpyro(logistic_data):
+    """The model checks share their messages (``ppl_sgmcmc._model_checks``): the same bad input gets the same
+    message on both backends, up to the PPL's name."""
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as ndist
+    from numpyro.infer import MCMC as NumPyroMCMC
+
+    from ppl_sgmcmc import numpyro as np_backend
+
+    def numpyro_logistic(batch_size=20, subsample_y=True):
+        def model(X, y):
+            w = numpyro.sample("w", ndist.Normal(0, 1).expand([2]).to_event(1))
+            with numpyro.plate("data", X.shape[0], subsample_size=batch_size):
+                obs = numpyro.subsample(y, event_dim=0) if subsample_y else y
+                numpyro.sample("y", ndist.Bernoulli(logits=numpyro.subsample(X, event_dim=1) @ w), obs=obs)
+
+        return model
+
+    X, y = logistic_data
+    y_nan = y.clone()
+    y_nan[[3, 150]] = float("nan")
+    cases = [  # (pyro model, numpyro model, data)
+        (_logistic(0), numpyro_logistic(0), (X, y)),
+        (_logistic(), numpyro_logistic(), (X, y_nan)),
+        (_logistic(subsample_y=False), numpyro_logistic(subsample_y=False), (X, y)),
+        (_mean_model, _numpyro_mean_model(), (y[:, None],)),
+    ]
+    for pyro_model, numpyro_model, data in cases:
+        with pytest.raises(ValueError) as pyro_error:
+            run(SGLD(pyro_model, step_size=1e-3), *data)
+        with pytest.raises(ValueError) as numpyro_error:
+            NumPyroMCMC(np_backend.SGLD(numpyro_model, step_size=1e-3), num_warmup=1, num_samples=1,
+                        progress_bar=False).run(jax.random.PRNGKey(0), *(jnp.asarray(a.numpy()) for a in data))  # fmt: skip
+        assert str(pyro_error.value) == str(numpyro_error.value).replace("numpyro.", "pyro.")
+
+
+def _numpyro_mean_model():
+    """The NumPyro twin of :func:`_mean_model`."""
+    import numpyro
+    import numpyro.distributions as ndist
+
+    def model(y):
+        mu = numpyro.sample("mu", ndist.Normal(0.0, 10.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=20):
+            numpyro.sample("y", ndist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+    return model

@@ -6,9 +6,8 @@ import pytest
 import torch
 from pyro import poutine
 
-from ppl_sgmcmc.pyro import FullDataModel, full_data, subsample_plates
+from ppl_sgmcmc.pyro import FullDataModel, full_data, minibatch, subsample_plates
 from ppl_sgmcmc.pyro.handlers import is_subsample_site
-from ppl_sgmcmc.pyro import minibatch
 
 
 def model(X, y):
