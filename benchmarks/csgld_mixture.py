@@ -165,7 +165,8 @@ def main():
         switches = np.mean([np.sum(np.diff(np.sign(row[np.abs(row + 1) > 2] + 1)) != 0) for row in x])
         theta_err = None if theta is None or name == "SGLD" else float(np.max(np.abs(theta - theta_true)))
         summary.append((name, seconds, diverging, left, ess, switches, theta_err))
-        print(f"  {name:<18} {seconds:6.1f} s, final MAE {err[:, -1].mean():.3f} ± {err[:, -1].std(ddof=1) / np.sqrt(args.seeds):.3f}, "
+        print(f"  {name:<18} {seconds:6.1f} s, "
+              f"final MAE {err[:, -1].mean():.3f} ± {err[:, -1].std(ddof=1) / np.sqrt(args.seeds):.3f}, "
               f"weighted P(x<-1) {left:.3f} (truth 0.400), weight ESS {ess:.2f} of draws, "
               f"mode switches/chain {switches:.0f}, divergent {diverging}"
               + ("" if theta_err is None else f", max|θ-θ*| {theta_err:.4f}"), flush=True)  # fmt: skip
@@ -176,7 +177,7 @@ def main():
     print("| method | " + " | ".join(f"MAE @ {m:.0e}" for m in marks) + " | weighted P(x < -1) (truth 0.400) | "
           "weight ESS / draws | mode switches per chain | run time (s) |")  # fmt: skip
     print("|---|" + "---:|" * (len(marks) + 4))
-    for name, seconds, diverging, left, ess, switches, _ in summary:
+    for name, seconds, _diverging, left, ess, switches, _ in summary:
         err = curves[name]
         cells = []
         for m in marks:

@@ -47,7 +47,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from numpyro.infer import MCMC
 
@@ -532,7 +531,8 @@ def plot(results, path):
     axes[0].set_yscale("log")
     axes[0].set_ylim(min(finals) * 0.92, results.get("uniform_topics", max(finals)) * 1.08)
     low, high = axes[0].get_ylim()
-    axes[0].set_yticks([t for t in (1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 8000, 10000, 12000) if low <= t <= high])
+    ticks = (1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 8000, 10000, 12000)
+    axes[0].set_yticks([t for t in ticks if low <= t <= high])
     axes[0].yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,.0f}"))
     axes[0].yaxis.set_minor_formatter(NullFormatter())
     axes[0].set_ylabel("test perplexity (document completion)")

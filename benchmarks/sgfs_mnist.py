@@ -284,7 +284,8 @@ def main():
         e1 = " | ".join(f"{at(traj, t, 2):.3f}" for t in marks)
         e2 = " | ".join(f"{at(traj, t, 3):.3f}" for t in marks)
         print(f"| {r['name']} | {r['steps'] / r['seconds']:,.0f} | {r['steps']:,} | {e1} | {e2} | {r['diverging']} |")
-    print(f"| NUTS half vs half ({args.nuts_samples // 2} draws each) | | | {gold['floor'][0]:.3f} | | | {gold['floor'][1]:.3f} | | | |")
+    print(f"| NUTS half vs half ({args.nuts_samples // 2} draws each) | | | {gold['floor'][0]:.3f} | | | "
+          f"{gold['floor'][1]:.3f} | | | |")
     print(f"\nplot: {os.path.relpath(args.plot)}; total wall time {time.perf_counter() - wall:.0f} s")
 
 

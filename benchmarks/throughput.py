@@ -28,8 +28,8 @@ For every kernel this measures, in one process and side by side:
 Then: the progress-bar path (``progress_bar=True``, one chain, which numpyro runs as a Python loop
 with one jitted step and one ``get_diagnostics_str`` call per iteration; tqdm writes to
 ``/dev/null``), with one SG-MCMC step per draw and with ``steps_per_sample=20`` (twenty steps per
-Python iteration; rates counted in SG-MCMC steps); vectorised chains (``num_chains=4, chain_method="vectorized"``) for SGNHT against a
-``vmap``-ped scan loop; the kernel's ``sample`` vs the hand-written step in a bare ``lax.scan``;
+Python iteration; rates counted in SG-MCMC steps); vectorised chains (``num_chains=4, chain_method="vectorized"``) for
+SGNHT against a ``vmap``-ped scan loop; the kernel's ``sample`` vs the hand-written step in a bare ``lax.scan``;
 and jaxpr / optimised-HLO op counts of one step.
 
 With ``--pyro`` (or ``--pyro-only``), the Pyro backend (:mod:`ppl_sgmcmc.pyro`) on the same problem and
@@ -60,16 +60,15 @@ from functools import partial
 # CPU threading is kept (its effect was within noise here), and recorded. Set before importing jax.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import blackjax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import numpyro  # noqa: E402
 import numpyro.distributions as dist  # noqa: E402
+from blackjax.sgmcmc.gradients import grad_estimator  # noqa: E402
 from jax import lax, random  # noqa: E402
 from numpyro.infer import MCMC  # noqa: E402
-
-import blackjax  # noqa: E402
-from blackjax.sgmcmc.gradients import grad_estimator  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from models.datasets import load_a9a  # noqa: E402
@@ -562,8 +561,8 @@ def pyro_gradient_costs(X, y, repeats):
     """Microseconds per minibatch gradient ``(Ũ_t, ∇Ũ_t)`` at a fixed point, four ways: by hand; Pyro's
     usual path (``poutine.trace`` of the model conditioned on the latent and the plate's indices,
     ``log_prob_sum``, autograd); the kernel's eager path (one light handler, autograd); and the
-    kernel's traced graph, without and with :func:`ppl_sgmcmc.pyro.compile.simplify`. Also the number
-    of tensor operations per call of each graph."""
+    kernel's traced graph, run as traced and compiled by ``torch.compile`` (the default,
+    :func:`ppl_sgmcmc.pyro.compile.trace`). Also the number of tensor operations of the traced graph."""
     import pyro
     import torch
     from pyro import poutine
@@ -582,7 +581,7 @@ def pyro_gradient_costs(X, y, repeats):
     batch = {"data": idx}
     fn, inputs, check = target.traceable(("gradient", False), flat, batch)
     raw = pyro_compile.trace(fn, inputs, check, "bench", optimize=False)
-    simplified = pyro_compile.trace(fn, inputs, check, "bench")
+    compiled = pyro_compile.trace(fn, inputs, check, "bench")
 
     def hand():
         w = flat.detach().requires_grad_()
@@ -601,7 +600,7 @@ def pyro_gradient_costs(X, y, repeats):
         "Pyro trace + log_prob_sum, autograd": pyro_trace,
         "kernel, eager (one handler), autograd": lambda: target._eager_gradient(flat, batch, False),
         "kernel, traced graph": lambda: raw(*inputs),
-        "kernel, traced graph, simplified (default)": lambda: simplified(*inputs),
+        "kernel, traced graph, torch.compile (default)": lambda: compiled(*inputs),
     }
     calls = 500
     best = {}
@@ -613,10 +612,7 @@ def pyro_gradient_costs(X, y, repeats):
                 for _ in range(calls):
                     f()
                 best[name] = min(best.get(name, float("inf")), (time.perf_counter() - start) / calls * 1e6)
-    ops = {
-        "kernel, traced graph": sum(n.op == "call_function" for n in raw.graph.graph.nodes),
-        "kernel, traced graph, simplified (default)": sum(n.op == "call_function" for n in simplified.graph.graph.nodes),
-    }
+    ops = {"kernel, traced graph": sum(n.op == "call_function" for n in raw.graph.graph.nodes)}
     kernel.cleanup()
     return best, ops
 
@@ -644,11 +640,11 @@ def pyro_section(steps, rounds, quick):
         diverged = 0
         for _ in range(rounds):
             timed = {
-                "hand": lambda: torch_hand_rate(rule, hyper, step_size, X, y, steps),
-                "mcmc": lambda: pyro_mcmc_rate(make_kernel, X, y, steps),
-                "mcmc10": lambda: pyro_mcmc_rate(make_kernel, X, y, steps, steps_per_sample=10),
-                "loop": lambda: pyro_sample_loop_rate(make_kernel, X, y, steps),
-                "eager": lambda: pyro_mcmc_rate(make_kernel, X, y, steps, compile_potential=False),
+                "hand": partial(torch_hand_rate, rule, hyper, step_size, X, y, steps),
+                "mcmc": partial(pyro_mcmc_rate, make_kernel, X, y, steps),
+                "mcmc10": partial(pyro_mcmc_rate, make_kernel, X, y, steps, steps_per_sample=10),
+                "loop": partial(pyro_sample_loop_rate, make_kernel, X, y, steps),
+                "eager": partial(pyro_mcmc_rate, make_kernel, X, y, steps, compile_potential=False),
             }
             for name, fn in timed.items():
                 out = fn()

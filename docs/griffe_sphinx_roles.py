@@ -38,7 +38,10 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" "))
 
 
-FIELD = re.compile(r"^:(?:param|parameter|arg|argument|key|keyword|type|raises?|except|exception|var|ivar|cvar|vartype|returns?|rtype|yields?)\b")
+FIELD = re.compile(
+    r"^:(?:param|parameter|arg|argument|key|keyword|type|raises?|except|exception"
+    r"|var|ivar|cvar|vartype|returns?|rtype|yields?)\b"
+)
 
 
 def fields_last(text: str) -> str:

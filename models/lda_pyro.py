@@ -31,6 +31,8 @@ from pyro.distributions.torch_distribution import TorchDistribution
 
 from models.lda_common import PARAMETRISATIONS
 
+_NO_SAMPLE_SHAPE = torch.Size()  # the default sample shape (immutable, so shared)
+
 __all__ = [
     "CollapsedTopicAssignments",
     "TopicWords",
@@ -72,7 +74,7 @@ class CollapsedTopicAssignments(TorchDistribution):
     def support(self):
         return constraints.independent(constraints.integer_interval(0, self.num_topics - 1), 1)
 
-    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+    def sample(self, sample_shape: torch.Size = _NO_SAMPLE_SHAPE) -> torch.Tensor:
         """Proportions ``θ_d ~ Dirichlet(α)`` (from log-Gamma draws, stable for small ``α``), then ``z_di ~ θ_d``."""
         shape = torch.Size(sample_shape) + self.batch_shape
         gamma = torch.distributions.Gamma(self.concentration + 1, 1.0).sample(shape + (self.num_topics,))
@@ -117,7 +119,7 @@ class TopicWords(TorchDistribution):
     def support(self):
         return constraints.independent(constraints.integer_interval(0, self.topics.shape[-1] - 1), 1)
 
-    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+    def sample(self, sample_shape: torch.Size = _NO_SAMPLE_SHAPE) -> torch.Tensor:
         words = torch.distributions.Categorical(probs=self.topics[self.assignments.long()]).sample(sample_shape)
         return torch.where(self.mask, words, torch.zeros_like(words))
 

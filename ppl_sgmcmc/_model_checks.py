@@ -63,12 +63,14 @@ class Frame(NamedTuple):
 def subsample_size(plate: str, size: Any, n: Any, kernel: str, ppl: str) -> None:
     """Refuse a ``subsample_size`` that is not an integer ``1 <= n <= N`` (``n = 0`` would sample the
     prior, ``n > N`` or ``n < 0`` fail in the PPL with unrelated errors)."""
+    value: int | None
+    full: int | None
     try:
         value = operator.index(n)
         full = operator.index(size)
     except TypeError:
         value = full = None
-    if isinstance(n, bool) or value is None or not 1 <= value <= full:
+    if isinstance(n, bool) or value is None or full is None or not 1 <= value <= full:
         raise ModelError(
             f"{kernel}: plate {plate!r} has size N = {size} and subsample_size n = {n!r}; subsample_size must be an "
             f"integer with 1 <= n <= N (n = N uses all the data in every step). Declare "
@@ -137,7 +139,7 @@ def bad_rows(bad: np.ndarray, dim: int) -> np.ndarray:
 
 
 def nonfinite_data(
-    what: str, rows: Sequence[int] | None, plate: str | None, size: int | None, count: int, kernel: str
+    what: str, rows: np.ndarray | Sequence[int] | None, plate: str | None, size: int | None, count: int, kernel: str
 ) -> ModelError:
     """The error for non-finite data: ``what`` names the data (``"observed site 'y'"``), ``rows`` are its bad
     rows along the dim of the plate ``plate`` of size ``size`` (``plate=None``: along its first axis; ``rows=None``:
@@ -181,6 +183,71 @@ def nonfinite_in_arguments(
 def subsampled_array(shape: Sequence[int], event_dim: int | None, ppl: str) -> str:
     """How a message names an array passed to ``subsample`` that no observed site uses as it is."""
     return f"the array of shape {tuple(shape)} passed to `{ppl}.subsample(..., event_dim={event_dim})`"
+
+
+class Subsampled(NamedTuple):
+    """An array the model passed to ``numpyro.subsample`` / ``pyro.subsample`` in the prototype trace."""
+
+    #: the ``subsample`` message; its value ends as the minibatch's rows (the object an observed site gets)
+    msg: dict[str, Any]
+    #: the whole array
+    array: Any
+    event_dim: int | None
+    #: the subsampled plate that indexes its rows, if one does
+    frame: Frame | None
+
+
+BadMask = Callable[[Any], "np.ndarray | None"]  # the backend's NaN/inf mask of an array, None if finite
+
+
+def check_finite(
+    value: Any, what: str, frame: Frame | None, event_dim: int | None, kernel_name: str, bad_mask: BadMask
+) -> None:
+    """Raise if the data ``value`` holds NaN or inf (``bad_mask``: the backend's one-reduction test); the bad
+    rows of ``frame`` are located only when there are some."""
+    bad = bad_mask(value)
+    if bad is None:
+        return
+    if frame is not None and event_dim is not None and bad.ndim >= event_dim - frame.dim:
+        rows = bad_rows(bad, frame.dim - event_dim)
+        raise nonfinite_data(what, rows, frame.name, frame.size, int(bad.sum()), kernel_name)
+    raise nonfinite_data(what, None, None, None, int(bad.sum()), kernel_name)
+
+
+def check_subsampled(
+    subsampled: Sequence[Subsampled], observed: Mapping[int, str], kernel_name: str, bad_mask: BadMask, ppl: str
+) -> set[str]:
+    """Check each array passed to ``<ppl>.subsample`` once for NaN and inf, named after the observed site
+    whose value it became (``observed``: ``{id(value): site name}``); return those sites' names."""
+    arrays: dict[int, tuple[Subsampled, str | None]] = {}
+    for record in subsampled:
+        site = observed.get(id(record.msg["value"]))
+        if id(record.array) not in arrays or arrays[id(record.array)][1] is None:
+            arrays[id(record.array)] = (record, site)
+    for record, site in arrays.values():
+        what = (
+            f"observed site {site!r}"
+            if site is not None
+            else subsampled_array(tuple(record.array.shape), record.event_dim, ppl)
+        )
+        check_finite(record.array, what, record.frame, record.event_dim, kernel_name, bad_mask)
+    return {site for _, site in arrays.values() if site is not None}
+
+
+def explain_failure(
+    subsampled: Sequence[Subsampled],
+    model_args: tuple[Any, ...],
+    model_kwargs: Mapping[str, Any],
+    plates: Mapping[str, tuple[int, int]],
+    kernel_name: str,
+    is_array: Callable[[Any], bool],
+    bad_mask: BadMask,
+    ppl: str,
+) -> None:
+    """After the model failed on its data: raise the non-finite-data error if NaN or inf in the arrays it
+    subsampled or in its arguments explain the failure (a distribution refusing NaN parameters, say)."""
+    check_subsampled(subsampled, {}, kernel_name, bad_mask, ppl)
+    nonfinite_in_arguments(model_args, model_kwargs, is_array, bad_mask, plates, kernel_name)
 
 
 def _fmt(shape: Sequence[int]) -> str:
@@ -359,3 +426,26 @@ def is_stochastic_potential(potential_fn: Callable[..., Any], kernel: str, secon
             "others defaults or bind them with `functools.partial`."
         )
     return len(positional) >= 2 and positional[1].default is inspect.Parameter.empty
+
+
+def local_sites_message(local: Sequence[str], aside: str = "") -> str:
+    """Why the pointwise log-likelihood of a run with local Gibbs sites ``local`` cannot be computed."""
+    return (
+        f"the local Gibbs site(s) {list(local)} are not among the samples (a kernel keeps no local draws), and "
+        "the pointwise log-likelihood p(y_i | θ) needs them marginalised, which the kernel cannot do for a "
+        f"general model{aside}"
+    )
+
+
+def log_likelihood_too_large(
+    num_bytes: int, limit: int, num_chains: int, num_draws: int, sizes: Mapping[str, int], thinning: str
+) -> str:
+    """The refusal of a pointwise log-likelihood over ``limit`` bytes; ``thinning`` names the driver's ways to
+    keep fewer draws."""
+    values = " + ".join(f"{size} ({name!r})" for name, size in sizes.items())
+    return (
+        f"the pointwise log-likelihood would take {num_bytes / 2**30:.2f} GiB ({num_chains} chains × {num_draws} "
+        f"draws × {values} values), above max_log_likelihood_bytes={limit}. Pass log_likelihood=False, keep "
+        f"fewer draws ({thinning}, fewer `num_samples`, or thin the samples yourself), or raise "
+        "max_log_likelihood_bytes."
+    )

@@ -415,8 +415,9 @@ def pullback_grad_fn(pre: Preconditioner, grad_fn: Any) -> Any:
 
     def grad_fn_u(u: Array) -> StochasticGradient:
         g = grad_fn(to_theta(pre, u))
+        score = None if g.score is None else _pull(pre, g.score)  # a backend computes only what the rule needs
         per_example = None if g.per_example is None else _pull(pre, g.per_example)
-        return StochasticGradient(g.energy, _pull(pre, g.grad), _pull(pre, g.score), per_example)
+        return StochasticGradient(g.energy, _pull(pre, g.grad), score, per_example)
 
     return grad_fn_u
 

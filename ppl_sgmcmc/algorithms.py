@@ -28,7 +28,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from ppl_sgmcmc import _checks, gradients
+from ppl_sgmcmc import _checks, adaptation, gradients
 from ppl_sgmcmc.rules import csgld as csgld_rule
 from ppl_sgmcmc.rules import psgld as psgld_rule
 from ppl_sgmcmc.rules import sgfs as sgfs_rule
@@ -124,6 +124,14 @@ class Algorithm:
     :param gibbs_sweeps: ``(burn_in, kept)`` sweeps per gradient (default ``(5, 5)``).
     :param gibbs_init: optional ``gibbs_init(rng, gibbs_sites, hmc_sites, subsample_indices)`` giving the
         sweeps' starting point from the local sites' prior draw.
+    :param adapt_mass: adapt a preconditioner (a mass matrix) during the warm-up: the posterior covariance
+        ``Σ = L Lᵀ`` of the (unconstrained, flattened) latents is estimated from the warm-up's positions in
+        Stan's windows (:mod:`ppl_sgmcmc.adaptation`), and the rule runs in the coordinates ``u = L⁻¹ θ``,
+        which makes SGLD the Langevin dynamics preconditioned by ``Σ`` and SGHMC/SGNHT the dynamics with
+        mass matrix ``Σ⁻¹``; the target is unchanged. Frozen after the warm-up, so the post-warm-up chain is
+        a fixed Markov kernel. Needs at least
+        :func:`~ppl_sgmcmc.adaptation.minimum_warmup_steps` warm-up steps. Default ``False``.
+    :param dense_mass: with ``adapt_mass``, a dense ``Σ`` (``True``) or its diagonal (``False``, default).
 
     A subclass names its ``rule`` and validates its own arguments into ``self._options`` (the rule's
     keyword arguments); ``schedulable`` lists the options that may be schedules of the step index.
@@ -140,6 +148,9 @@ class Algorithm:
     schedulable: ClassVar[tuple[str, ...]] = ("temperature",)
     #: The name of the MCMC driver's warm-up argument, for messages (set by the backends).
     warmup_arg: ClassVar[str] = "num_warmup"
+    #: Whether the rule can run in coordinates preconditioned by an adapted mass matrix (``adapt_mass``).
+    can_adapt_mass: ClassVar[bool] = True
+    can_adapt_mass_reason: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -155,6 +166,8 @@ class Algorithm:
         gibbs_fn: Callable[..., Any] | None = None,
         gibbs_sweeps: tuple[int, int] = (5, 5),
         gibbs_init: Callable[..., Any] | None = None,
+        adapt_mass: bool = False,
+        dense_mass: bool = False,
     ) -> None:
         name = self.name
         if (model is None) == (potential_fn is None):
@@ -174,6 +187,17 @@ class Algorithm:
         self._replace = bool(replace)
         self._init_strategy = init_strategy
         self._options: dict[str, Any] = {}  # the algorithm's own rule arguments, set by subclasses
+        if not isinstance(adapt_mass, bool) or not isinstance(dense_mass, bool):
+            raise TypeError(f"{name}: `adapt_mass` and `dense_mass` must be True or False.")
+        if dense_mass and not adapt_mass:
+            raise ValueError(f"{name}: `dense_mass=True` chooses the adapted mass matrix's form; set adapt_mass=True.")
+        if adapt_mass and not self.can_adapt_mass:
+            raise ValueError(
+                f"{name}: `adapt_mass` is not available: {self.can_adapt_mass_reason} Use SGLD, SGHMC, SGNHT, pSGLD, "
+                "CSGLD or CSGHMC for an adapted preconditioner."
+            )
+        self._adapt_mass, self._dense_mass = adapt_mass, dense_mass
+        self._window_ends: list[tuple[int, int]] | None = None  # the adaptation windows, set from the warm-up
         self._num_warmup_steps = 0
         self._start_warning: str | None = None  # said when a new chain starts (see `_set_warmup`)
         self._estimator = gradients.minibatch()
@@ -254,6 +278,41 @@ class Algorithm:
         """Record the warm-up of ``num_warmup`` draws (``steps_per_sample`` steps each); raise if it is too
         short for the algorithm, or set ``_start_warning`` for what a new chain should be told."""
         self._num_warmup_steps = int(num_warmup) * self._steps_per_sample
+        self._window_ends = None
+        if self._adapt_mass and self._num_warmup_steps > 0:  # 0: a chain continued with its preconditioner
+            try:
+                self._window_ends = adaptation.adaptation_schedule(self._num_warmup_steps)
+            except ValueError as err:
+                raise ValueError(f"{self.name}: {err} ({self.warmup_arg} counts draws of {self._steps_per_sample} "
+                                 "step(s) each).") from None
+
+    # --- the preconditioned move (adapt_mass) ---------------------------------------------------------
+    def _init_adaptation(self, position: Any) -> Any:
+        """The adaptation's state at the chain's start (``()`` without ``adapt_mass``)."""
+        if not self._adapt_mass:
+            return ()
+        return adaptation.adapt_init(position.shape[0], self._dense_mass, like=position)
+
+    def _move(self, position: Any, rule_state: Any, grad_fn: Callable[[Any], Any], noise: Any, i: Any,
+              adapt_state: Any) -> tuple:
+        """One move of the rule from ``position``, in the preconditioned coordinates ``u = L⁻¹ θ`` with
+        ``adapt_mass``: ``(new position, rule state, gradient, the point where the rule took its gradient,
+        the position in the same coordinates as that point)``."""
+        if not self._adapt_mass:
+            return (*self._rule_step_recorded(position, rule_state, grad_fn, noise, i), position)
+        pre = adapt_state.preconditioner
+        u = adaptation.to_u(pre, position)
+        new_u, rule_state, gradient, point = self._rule_step_recorded(
+            u, rule_state, adaptation.pullback_grad_fn(pre, grad_fn), noise, i
+        )
+        return adaptation.to_theta(pre, new_u), rule_state, gradient, point, u
+
+    def _adapt(self, adapt_state: Any, position: Any, i: Any) -> Any:
+        """The adaptation's state after the warm-up step ``i`` reached ``position``."""
+        if not self._adapt_mass or self._window_ends is None:
+            return adapt_state
+        ends = adaptation.window_ends(self._window_ends, like=position)
+        return adaptation.adapt_step(adapt_state, position, i, ends, self._dense_mass)
 
     def _check_target(self, target: Any) -> None:
         """Check the model's stochastic potential as soon as it is built, before anything is compiled,
@@ -486,6 +545,8 @@ class SGRLD(Algorithm):
 
     rule = sgrld_rule
     constrained = True
+    can_adapt_mass = False
+    can_adapt_mass_reason = "SGRLD's preconditioner is diag(θ), fixed by the Riemannian metric."
 
     def _check_target(self, target: Any) -> None:
         super()._check_target(target)
@@ -847,6 +908,8 @@ class SGFS(Algorithm):
     """
 
     rule = sgfs_rule
+    can_adapt_mass = False
+    can_adapt_mass_reason = "SGFS preconditions by its own Fisher estimate, which the warm-up already adapts."
 
     def __init__(
         self,

@@ -235,7 +235,9 @@ def _run_numpyro(mcmc: Any, args: tuple, kwargs: dict, directory: Path, every: i
                 mcmc.run(rng_key, *model_args, extra_fields=extra_fields, init_params=init_params, **kwargs)
             else:  # continue the chain; its position doubles as `init_params`, which a fresh kernel's init needs
                 mcmc.post_warmup_state = state
-                mcmc.run(state.rng_key, *model_args, extra_fields=extra_fields, init_params=sample_field(state), **kwargs)
+                mcmc.run(
+                    state.rng_key, *model_args, extra_fields=extra_fields, init_params=sample_field(state), **kwargs
+                )
             state = mcmc.last_state
             draws = {
                 "posterior": _as_numpy(mcmc.get_samples(group_by_chain=True), "samples"),
@@ -248,7 +250,7 @@ def _run_numpyro(mcmc: Any, args: tuple, kwargs: dict, directory: Path, every: i
         mcmc.post_warmup_state = user_state
     # all the draws, as one uninterrupted `mcmc.run` leaves them
     draws = _read_draws(directory, chunks)
-    states = {field: jnp.asarray(value) for field, value in draws["sample_stats"].items()}
+    states: dict[str, Any] = {field: jnp.asarray(value) for field, value in draws["sample_stats"].items()}
     states[mcmc._sample_field] = {name: jnp.asarray(value) for name, value in draws["posterior"].items()}
     mcmc._states, mcmc._states_flat = states, None
     mcmc._last_state = state

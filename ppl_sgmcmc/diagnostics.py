@@ -99,7 +99,7 @@ def _check_inputs(
             "diverged)."
         )
     dtype = jax.dtypes.canonicalize_dtype(np.result_type(np.float32, x.dtype, s.dtype))
-    x, s = jnp.asarray(x, dtype), jnp.asarray(s, dtype)
+    xj, sj = jnp.asarray(x, dtype), jnp.asarray(s, dtype)
     if preconditioner is not None:
         g = np.asarray(preconditioner)
         if g.shape != (d,):
@@ -107,8 +107,8 @@ def _check_inputs(
         if not (np.all(np.isfinite(g)) and np.all(g > 0)):
             raise ValueError(f"{fn}: `preconditioner` must have finite, strictly positive entries.")
         root = jnp.sqrt(jnp.asarray(g, dtype))
-        x, s = x / root, s * root
-    return x, s
+        xj, sj = xj / root, sj * root
+    return xj, sj
 
 
 def _chunk(chunk_size: int | None, m: int) -> int:

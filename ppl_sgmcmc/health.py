@@ -59,6 +59,24 @@ def check(i: Any, num_diverging: Any, step_size: Any, position: Any, rule_state:
     return flags, xp.stack([h, steps, rejected, largest])
 
 
+def passed_power_of_two(before: Any, after: Any) -> Any:
+    """Whether a step count that went from ``before`` to ``after`` (``after > before >= 0``) passed a power
+    of two (``before < 2^k <= after``): the moments at which the backends run :func:`check`, so that it
+    costs nothing per step and still runs ``log2`` times in a run.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.health import passed_power_of_two
+        >>> [bool(passed_power_of_two(jnp.array(t - 5), jnp.array(t))) for t in (5, 10, 15, 20, 35)]
+        [True, True, False, True, True]
+        >>> [bool(passed_power_of_two(t - 1, t)) for t in (5, 6, 8, 9)]
+        [False, False, True, False]
+    """
+    # a power of two lies in (before, after] exactly when `after`'s highest set bit is above `before`'s
+    return (after ^ before) > before
+
+
 def message(kernel: str, kind: str, values: Any) -> str:
     """The warning for a failed check ``kind`` with the ``values`` of :func:`check`.
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Any, Literal, cast
 
 import arviz as az
 import numpy as np
@@ -73,10 +73,11 @@ def normalized_weights(idata: az.InferenceData, pool: bool = False, log_weight: 
         [[0.167, 0.5], [0.167, 0.167]]
     """
     lw = _log_weights(idata, log_weight)
+    # casts: numpy's stubs type a ufunc of a DataArray as an ndarray (its __array_ufunc__ returns a DataArray)
     if pool:
-        w = np.exp(lw - lw.max())
+        w = cast(xr.DataArray, np.exp(lw - lw.max()))
         return w / w.sum()
-    w = np.exp(lw - lw.max("draw"))
+    w = cast(xr.DataArray, np.exp(lw - lw.max("draw")))
     return w / w.sum("draw") / lw.sizes["chain"]
 
 
@@ -167,7 +168,9 @@ def weighted_mean(
         >>> round(float(weighted_mean(idata)["x"]), 1), round(weight_ess(idata) / x.size, 1)  # Kish: 1/e
         (1.0, 0.4)
     """
-    return weighted_expectation(idata, None, var_names, pool, group, log_weight)
+    mean = weighted_expectation(idata, None, var_names, pool, group, log_weight)
+    assert isinstance(mean, xr.Dataset)  # without `fn`, the expectation of the group's Dataset
+    return mean
 
 
 def _systematic(weights: np.ndarray, num: int, u: float) -> np.ndarray:
@@ -254,7 +257,7 @@ def resample(
         "chain": xr.DataArray(chain_idx, dims=("chain", "draw")),
         "draw": xr.DataArray(draw_idx, dims=("chain", "draw")),
     }
-    groups = {}
+    groups: dict[str, Any] = {}  # the keyword arguments of az.InferenceData
     for name in idata.groups():
         ds = idata[name]
         if "chain" in ds.dims and "draw" in ds.dims:

@@ -183,18 +183,18 @@ def predicted_cov_momentum(precision, grad_cov, step_size, friction, diffusion, 
 def _momentum_chain_cov(precision, grad_cov, step_size, friction, diffusion, integrator):
     """Stationary covariance of ``(θ, p)`` of the linear momentum chain."""
     d = precision.shape[0]
-    h, I, Z = step_size, np.eye(d), np.zeros((d, d))
+    h, Id, Z = step_size, np.eye(d), np.zeros((d, d))
     A = np.diag(np.broadcast_to(np.asarray(friction, np.float64), (d,)))
     noise_p = 2 * h * np.diag(np.broadcast_to(np.asarray(diffusion, np.float64), (d,))) + h**2 * grad_cov
     Q_p = np.block([[Z, Z], [Z, noise_p]])  # noise enters the momentum
     if integrator == "euler":
         # θ' = θ + h p;  p' = p - h Λ θ' - h A p + noise
-        M = np.block([[I, h * I], [-h * precision, I - h * A - h**2 * precision]])
+        M = np.block([[Id, h * Id], [-h * precision, Id - h * A - h**2 * precision]])
         Q = Q_p
     elif integrator == "splitting":
-        half = np.block([[I, h / 2 * I], [Z, I]])
-        damp = np.block([[I, Z], [Z, scipy.linalg.expm(-A * h / 2)]])
-        kick = np.block([[I, Z], [-h * precision, I]])
+        half = np.block([[Id, h / 2 * Id], [Z, Id]])
+        damp = np.block([[Id, Z], [Z, scipy.linalg.expm(-A * h / 2)]])
+        kick = np.block([[Id, Z], [-h * precision, Id]])
         after_kick = half @ damp  # the noise is added at O, then damped and drifted
         M = after_kick @ kick @ damp @ half
         Q = after_kick @ Q_p @ after_kick.T

@@ -78,7 +78,8 @@ def test_notebooks_are_stored_without_outputs(notebook):
 
 def test_site_builds_in_strict_mode_and_documents_the_public_api(tmp_path):
     for package in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "mkdocs_jupyter"):
-        pytest.importorskip(package, reason=f"the documentation tools are not installed (`pip install -e '.[docs]'`): no {package}")
+        reason = f"the documentation tools are not installed (`pip install -e '.[docs]'`): no {package}"
+        pytest.importorskip(package, reason=reason)
     site = tmp_path / "site"
     # the notebooks are not executed here: pytest runs them through nbmake
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PPL_SGMCMC_DOCS_EXECUTE="false")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ppl_sgmcmc.importance import normalized_weights, resample, weight_ess, weighted_expectation, weighted_mean
-from tests.helpers import K_SIGMA, assert_mc_close
+from tests.helpers import assert_mc_close
 
 CHAINS, DRAWS = 4, 5000
 

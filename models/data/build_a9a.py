@@ -35,7 +35,7 @@ def parse_libsvm_binary(path: Path, n_features: int = N_FEATURES):
     """
     rows: list[list[int]] = []
     labels: list[int] = []
-    with open(path, "r", encoding="ascii") as fh:
+    with open(path, encoding="ascii") as fh:
         for lineno, line in enumerate(fh, start=1):
             line = line.split("#", 1)[0].strip()
             if not line:

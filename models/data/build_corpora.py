@@ -43,7 +43,7 @@ CORPORA = {
 
 
 def read_lines(path: Path) -> list[str]:
-    with open(path, "r", encoding="utf-8") as fh:
+    with open(path, encoding="utf-8") as fh:
         return [line.rstrip("\n") for line in fh]
 
 

@@ -34,7 +34,8 @@ def _unsampled_class(cls: type[Distribution]) -> type[Distribution]:
             handler._unsampled.append(name)
             return (value, []) if kwargs.get("sample_intermediates") else value
 
-        subclass = type(f"Unsampled{cls.__name__}", (cls,), {"__call__": __call__, "__module__": __name__})
+        namespace = {"__call__": __call__, "__module__": __name__}
+        subclass: type[Distribution] = type(f"Unsampled{cls.__name__}", (cls,), namespace)
         _UNSAMPLED_CLASSES[cls] = subclass
     return _UNSAMPLED_CLASSES[cls]
 

@@ -26,11 +26,14 @@ from numpyro.handlers import seed, trace
 from numpyro.infer import MCMC, Predictive
 from numpyro.infer import log_likelihood as numpyro_log_likelihood
 
+from ppl_sgmcmc import _model_checks
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
 
 __all__ = ["MAX_LOG_LIKELIHOOD_BYTES", "full_data_log_likelihood", "predictive", "to_inference_data"]
 
 MAX_LOG_LIKELIHOOD_BYTES = 2**30
+
+_THINNING = "a larger `thinning` or `steps_per_sample`"  # how this driver keeps fewer draws, for the size refusal
 """Default of ``max_log_likelihood_bytes``: the largest pointwise log-likelihood (1 GiB) that
 :func:`full_data_log_likelihood` and :func:`to_inference_data` compute before refusing."""
 
@@ -49,23 +52,6 @@ def _local_sites(mcmc: MCMC, samples: dict[str, Any]) -> list[str]:
         if site["type"] == "sample" and not site["is_observed"] and name not in samples
     ]
 
-
-def _local_sites_message(local: Sequence[str]) -> str:
-    return (
-        f"the local Gibbs site(s) {list(local)} are not among the samples (a kernel keeps no local draws), and "
-        "the pointwise log-likelihood p(y_i | θ) needs them marginalised, which the kernel cannot do for a "
-        "general model"
-    )
-
-
-def _too_large(num_bytes: int, limit: int, num_chains: int, num_draws: int, sizes: dict[str, int]) -> str:
-    values = " + ".join(f"{size} ({name!r})" for name, size in sizes.items())
-    return (
-        f"the pointwise log-likelihood would take {num_bytes / 2**30:.2f} GiB ({num_chains} chains × {num_draws} "
-        f"draws × {values} values), above max_log_likelihood_bytes={limit}. Pass log_likelihood=False, keep "
-        "fewer draws (a larger `thinning` or `steps_per_sample`, fewer `num_samples`, or thin the samples "
-        "yourself), or raise max_log_likelihood_bytes."
-    )
 
 
 def full_data_log_likelihood(
@@ -108,7 +94,7 @@ def full_data_log_likelihood(
     samples = mcmc.get_samples(group_by_chain=True)
     local = _local_sites(mcmc, samples)
     if local:
-        raise ValueError(f"full_data_log_likelihood: {_local_sites_message(local)}.")
+        raise ValueError(f"full_data_log_likelihood: {_model_checks.local_sites_message(local)}.")
     num_chains, num_draws = jax.tree.leaves(samples)[0].shape[:2]
     total = num_chains * num_draws
     flat = jax.tree.map(lambda x: x.reshape((total,) + x.shape[2:]), samples)
@@ -117,7 +103,9 @@ def full_data_log_likelihood(
     sizes = {name: math.prod(shape.shape[1:]) for name, shape in shapes.items()}
     num_bytes = sum(total * sizes[name] * np.dtype(shape.dtype).itemsize for name, shape in shapes.items())
     if num_bytes > max_log_likelihood_bytes:
-        raise ValueError(_too_large(num_bytes, max_log_likelihood_bytes, num_chains, num_draws, sizes))
+        raise ValueError(_model_checks.log_likelihood_too_large(
+            num_bytes, max_log_likelihood_bytes, num_chains, num_draws, sizes, _THINNING
+        ))
     out = {name: np.empty((total,) + shape.shape[1:], np.dtype(shape.dtype)) for name, shape in shapes.items()}
     for start in range(0, total, chunk_size):
         chunk = jax.tree.map(lambda x, start=start: x[start : start + chunk_size], flat)
@@ -167,7 +155,7 @@ def to_inference_data(
         local = _local_sites(mcmc, mcmc.get_samples())
         if local:
             warnings.warn(
-                f"to_inference_data: no log_likelihood group: {_local_sites_message(local)}. Pass "
+                f"to_inference_data: no log_likelihood group: {_model_checks.local_sites_message(local)}. Pass "
                 "log_likelihood=False to silence this warning.",
                 UserWarning,
                 stacklevel=2,

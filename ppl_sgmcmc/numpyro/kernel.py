@@ -44,6 +44,8 @@ class SGMCMCState(NamedTuple):
     - **gradient_state**: the gradient estimator's state (see :mod:`ppl_sgmcmc.gradients`).
     - **finite_position**: the last (flat) position whose stochastic gradient was finite, where a rejected
       step returns.
+    - **adapt_state**: with ``adapt_mass``, the warm-up's mass-matrix adaptation
+      (:class:`ppl_sgmcmc.adaptation.AdaptState`; its ``preconditioner`` is frozen after the warm-up).
     - **rng_key**: the random key for the next step.
 
     **Example** (the state :meth:`SGMCMCKernel.init` returns)::
@@ -66,6 +68,7 @@ class SGMCMCState(NamedTuple):
     batch_state: NamedTuple
     gradient_state: Any
     finite_position: jax.Array
+    adapt_state: Any
     rng_key: jax.Array
 
     def __getitem__(self, key):
@@ -415,22 +418,26 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     def _check_health(self, state):
         """Warn, from inside the compiled run, once per run and kind, when a chain shows a known failure
-        (:mod:`ppl_sgmcmc.health`)."""
+        (:mod:`ppl_sgmcmc.health`). The checks run when the step count passes a power of two (steps 1, 2,
+        4, 8, ... and the run's last power of two), so that they cost nothing per step."""
 
         def check(state):
             return health.check(
                 state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0], state.rule_state
             )
 
-        flags, values = vmap(check)(state) if self._vectorized else check(state)
-        if self._vectorized:  # report the first chain that shows a failure
-            worst = jnp.argmax(jnp.any(flags, axis=1))
-            flags, values = jnp.any(flags, axis=0), values[worst]
-        lax.cond(
-            jnp.any(flags),
-            lambda: jax.debug.callback(self._health.report, flags, values),
-            lambda: None,
-        )
+        def check_and_report():
+            flags, values = vmap(check)(state) if self._vectorized else check(state)
+            if self._vectorized:  # report the first chain that shows a failure
+                worst = jnp.argmax(jnp.any(flags, axis=1))
+                flags, values = jnp.any(flags, axis=0), values[worst]
+            lax.cond(
+                jnp.any(flags), lambda: jax.debug.callback(self._health.report, flags, values), lambda: None
+            )
+
+        i = state.i[0] if self._vectorized else state.i
+        before = i - self._steps_per_sample
+        lax.cond(health.passed_power_of_two(before, i), check_and_report, lambda: None)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -462,6 +469,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             batch_state=batch_state,
             gradient_state=self._estimator.init(flat),
             finite_position=flat,
+            adapt_state=self._init_adaptation(flat),
             rng_key=rng_key,
         )
 
@@ -490,8 +498,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         )
         noise = random.normal(key_noise, flat.shape, flat.dtype)
         step_size = self.step_size_at(state.i)
-        new_flat, rule_state, gradient, point = self._rule_step_recorded(flat, state.rule_state, grad_fn, noise, state.i)
-        at_start = jnp.all(point == flat)
+        new_flat, rule_state, gradient, point, start = self._move(
+            flat, state.rule_state, grad_fn, noise, state.i, state.adapt_state
+        )
+        at_start = jnp.all(point == start)
         # A rule that takes its gradient at the chain's position (SGLD, pSGLD, SGFS, SGRLD) finds a position
         # where the model is undefined only when it steps from it: that step goes back to the last position
         # whose gradient was finite. Other rejected steps keep the position.
@@ -510,9 +520,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                     kept_rule_state, _refresh_noise(key_noise, flat), self.temperature_at(state.i)
                 ),
             )
+        new_flat = keep(new_flat, safe_flat)
         return self.state_type(
             i=state.i + 1,
-            z=self._unravel(keep(new_flat, safe_flat)),
+            z=self._unravel(new_flat),
             rule_state=jax.tree.map(keep, rule_state, kept_rule_state),
             potential_energy=keep(gradient.energy, state.potential_energy),
             step_size=jnp.asarray(step_size, flat.dtype),
@@ -521,6 +532,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             batch_state=batch_state,
             gradient_state=jax.tree.map(keep, gradient_state, state.gradient_state),
             finite_position=finite_position,
+            adapt_state=self._adapt(state.adapt_state, new_flat, state.i),
             rng_key=rng_key,
         )
 

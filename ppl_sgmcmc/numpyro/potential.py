@@ -19,10 +19,10 @@ and its gradient there.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -144,16 +144,7 @@ def _first_rows(msg: dict[str, Any]) -> jax.Array | None:
     return None
 
 
-class _Subsampled(NamedTuple):
-    """An array the model passed to ``numpyro.subsample`` in the prototype trace."""
-
-    #: the ``subsample`` message; its value ends as the minibatch's rows (the object an observed site gets)
-    msg: dict[str, Any]
-    #: the whole array
-    array: Any
-    event_dim: int | None
-    #: the subsampled plate that indexes its rows, if one does
-    frame: _model_checks.Frame | None
+_Subsampled = _model_checks.Subsampled
 
 
 def _rows_frame(value: Any, event_dim: int | None) -> _model_checks.Frame | None:
@@ -198,31 +189,11 @@ def _bad_mask(value: Any) -> np.ndarray | None:
     return None if bool(jnp.all(finite)) else ~np.asarray(finite)
 
 
-def _check_finite(
-    value: Any, what: str, frame: _model_checks.Frame | None, event_dim: int | None, kernel_name: str
-) -> None:
-    """Raise if the data ``value`` holds NaN or inf; the bad rows of ``frame`` are located only when
-    there are some."""
-    bad = _bad_mask(value)
-    if bad is None:
-        return
-    if frame is not None and event_dim is not None and bad.ndim >= event_dim - frame.dim:
-        rows = _model_checks.bad_rows(bad, frame.dim - event_dim)
-        raise _model_checks.nonfinite_data(what, rows, frame.name, frame.size, int(bad.sum()), kernel_name)
-    raise _model_checks.nonfinite_data(what, None, None, None, int(bad.sum()), kernel_name)
+# the shared data checks (:mod:`ppl_sgmcmc._model_checks`) with this backend's arrays
+_check_finite = partial(_model_checks.check_finite, bad_mask=_bad_mask)
+_check_subsampled = partial(_model_checks.check_subsampled, bad_mask=_bad_mask, ppl="numpyro")
+_explain_failure = partial(_model_checks.explain_failure, is_array=_is_array, bad_mask=_bad_mask, ppl="numpyro")
 
-
-def _explain_failure(
-    subsampled: list[_Subsampled],
-    model_args: tuple[Any, ...],
-    model_kwargs: Mapping[str, Any],
-    plates: Mapping[str, tuple[int, int]],
-    kernel_name: str,
-) -> None:
-    """After the model failed on its data: raise the non-finite-data error if NaN or inf in the arrays it
-    subsampled or in its arguments explain the failure (a distribution refusing NaN parameters, say)."""
-    _check_subsampled(subsampled, {}, kernel_name)
-    _model_checks.nonfinite_in_arguments(model_args, model_kwargs, _is_array, _bad_mask, plates, kernel_name)
 
 
 def _values_and_deterministic(
@@ -251,23 +222,6 @@ class _one_index(Messenger):
             msg["value"] = self.index[None]
             msg["args"] = (msg["args"][0], 1)
 
-
-def _check_subsampled(subsampled: list[_Subsampled], observed: Mapping[int, str], kernel_name: str) -> set[str]:
-    """Check each array passed to ``numpyro.subsample`` once for NaN and inf, named after the observed
-    site whose value it became (``observed``: ``{id(value): site name}``); return those sites' names."""
-    arrays: dict[int, tuple[_Subsampled, str | None]] = {}
-    for record in subsampled:
-        site = observed.get(id(record.msg["value"]))
-        if id(record.array) not in arrays or arrays[id(record.array)][1] is None:
-            arrays[id(record.array)] = (record, site)
-    for record, site in arrays.values():
-        what = (
-            f"observed site {site!r}"
-            if site is not None
-            else _model_checks.subsampled_array(jnp.shape(record.array), record.event_dim, "numpyro")
-        )
-        _check_finite(record.array, what, record.frame, record.event_dim, kernel_name)
-    return {site for _, site in arrays.values() if site is not None}
 
 
 class ModelTarget:
@@ -372,7 +326,7 @@ class ModelTarget:
         return set(observed.values()) - _check_subsampled(subsampled, observed, self.kernel_name)
 
     def _check_full_data(
-        self, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any], unchecked: set[str] = frozenset()
+        self, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any], unchecked: Set[str] = frozenset()
     ) -> None:
         """Trace the full-data view abstractly (no arithmetic) to catch shape errors early; if some observed
         sites in subsampled plates (``unchecked``) index their data themselves, run it once to check their
@@ -444,8 +398,9 @@ class ModelTarget:
 
     def _energies(
         self, z: Params, batch: Batch, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any]
-    ) -> tuple[jax.Array, jax.Array]:
-        """``(prior part, data part)`` of ``Ũ_t(z)``; the data part holds the sites in subsampled plates."""
+    ) -> tuple[jax.Array | float, jax.Array | float]:
+        """``(prior part, data part)`` of ``Ũ_t(z)``; the data part holds the sites in subsampled plates
+        (a part without sites is ``0.0``)."""
         model = self._with_latents(substitute(self.model, data=batch), z)
         log_probs, _ = compute_log_probs(model, model_args, model_kwargs, {})
         prior = sum((v for k, v in log_probs.items() if k not in self.data_sites), start=0.0)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from types import FrameType
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -126,7 +127,7 @@ def _plate_under_construction() -> SubsampleMessenger | None:
     object itself has to change. It is found on the call stack, a few frames up.
     """
     code = SubsampleMessenger.__init__.__code__
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if frame.f_code is code:
             plate = frame.f_locals.get("self")
@@ -162,6 +163,10 @@ class FullDataMessenger(Messenger):
         msg["fn"] = type(fn)(fn.size, None, device=fn.device)
 
 
+@overload
+def full_data(fn: None = None) -> FullDataMessenger: ...
+@overload
+def full_data(fn: Callable[..., Any]) -> Callable[..., Any]: ...
 def full_data(fn: Callable[..., Any] | None = None) -> FullDataMessenger | Callable[..., Any]:
     """Run every subsampled plate on all of its data: ``plate(name, N, subsample_size=n)`` behaves
     as ``plate(name, N)``, with indices ``0..N-1`` (also what ``with plate(...) as idx`` yields)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import arviz as az
 import numpy as np
@@ -29,11 +29,15 @@ import torch
 from pyro import poutine
 from pyro.infer import MCMC, Predictive
 
+from ppl_sgmcmc import _model_checks
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 
 __all__ = ["MAX_LOG_LIKELIHOOD_BYTES", "full_data_log_likelihood", "predictive", "sample_stats", "to_inference_data"]
 
 MAX_LOG_LIKELIHOOD_BYTES = 2**30
+
+_THINNING = "a larger `steps_per_sample`"  # how this driver keeps fewer draws, for the size refusal
+_PREDICTIVE_ASIDE = " (Predictive would draw them from their prior instead)"
 """Default of ``max_log_likelihood_bytes``: the largest pointwise log-likelihood (1 GiB) that
 :func:`full_data_log_likelihood` and :func:`to_inference_data` compute before refusing."""
 
@@ -103,23 +107,6 @@ def _sites(mcmc: MCMC) -> _Sites:
     return _Sites(observed, deterministic, local)
 
 
-def _local_sites_message(local: Sequence[str]) -> str:
-    return (
-        f"the local Gibbs site(s) {list(local)} are not among the samples (a kernel keeps no local draws), and "
-        "the pointwise log-likelihood p(y_i | θ) needs them marginalised, which the kernel cannot do for a "
-        "general model (Predictive would draw them from their prior instead)"
-    )
-
-
-def _too_large(num_bytes: int, limit: int, num_chains: int, num_draws: int, sizes: dict[str, int]) -> str:
-    values = " + ".join(f"{size} ({name!r})" for name, size in sizes.items())
-    return (
-        f"the pointwise log-likelihood would take {num_bytes / 2**30:.2f} GiB ({num_chains} chains × {num_draws} "
-        f"draws × {values} values), above max_log_likelihood_bytes={limit}. Pass log_likelihood=False, keep "
-        "fewer draws (a larger `steps_per_sample`, fewer `num_samples`, or thin the samples yourself), or raise "
-        "max_log_likelihood_bytes."
-    )
-
 
 def _vectorized(mcmc: MCMC, chunk: dict[str, torch.Tensor], observed: dict[str, tuple]) -> dict[str, torch.Tensor]:
     """The log-likelihood of the draws ``chunk`` in one run of the model, batched over them."""
@@ -140,7 +127,12 @@ def _vectorized(mcmc: MCMC, chunk: dict[str, torch.Tensor], observed: dict[str, 
 def _one_draw(mcmc: MCMC, draw: dict[str, torch.Tensor], observed: dict[str, tuple]) -> dict[str, torch.Tensor]:
     """The log-likelihood of one draw: one run of the model, conditioned on it."""
     model_trace = poutine.trace(poutine.condition(mcmc.kernel.model, draw)).get_trace(*mcmc._args, **mcmc._kwargs)
-    return {name: model_trace.nodes[name]["fn"].log_prob(model_trace.nodes[name]["value"]) for name in observed}
+    sites = model_trace.nodes
+    # an observed site's "fn" is its distribution (pyro's Message types it as any callable)
+    return {
+        name: cast(pyro.distributions.Distribution, sites[name]["fn"]).log_prob(sites[name]["value"])
+        for name in observed
+    }
 
 
 def full_data_log_likelihood(
@@ -185,7 +177,7 @@ def full_data_log_likelihood(
     _check(mcmc)
     sites = _sites(mcmc)
     if sites.local:
-        raise ValueError(f"full_data_log_likelihood: {_local_sites_message(sites.local)}.")
+        raise ValueError(f"full_data_log_likelihood: {_model_checks.local_sites_message(sites.local, _PREDICTIVE_ASIDE)}.")
     samples = mcmc.get_samples(group_by_chain=True)  # deterministic sites too: Predictive conditions on them
     num_chains, num_draws = next(iter(samples.values())).shape[:2]
     total = num_chains * num_draws
@@ -193,7 +185,9 @@ def full_data_log_likelihood(
     sizes = {name: math.prod(shape) for name, (shape, _) in sites.observed.items()}
     num_bytes = sum(total * sizes[name] * dtype.itemsize for name, (_, dtype) in sites.observed.items())
     if num_bytes > max_log_likelihood_bytes:
-        raise ValueError(_too_large(num_bytes, max_log_likelihood_bytes, num_chains, num_draws, sizes))
+        raise ValueError(_model_checks.log_likelihood_too_large(
+            num_bytes, max_log_likelihood_bytes, num_chains, num_draws, sizes, _THINNING
+        ))
     out = {
         name: torch.empty((total,) + tuple(shape), dtype=dtype).numpy()
         for name, (shape, dtype) in sites.observed.items()
@@ -284,7 +278,8 @@ def to_inference_data(
         idata.observed_data = observed.drop_dims([dim for dim in observed.dims if dim not in used])
     if log_likelihood and sites.local:
         warnings.warn(
-            f"to_inference_data: no log_likelihood group: {_local_sites_message(sites.local)}. Pass "
+            "to_inference_data: no log_likelihood group: "
+            f"{_model_checks.local_sites_message(sites.local, _PREDICTIVE_ASIDE)}. Pass "
             "log_likelihood=False to silence this warning.",
             UserWarning,
             stacklevel=2,

@@ -41,6 +41,8 @@ class SGMCMCState(NamedTuple):
     - **num_diverging**: the number of rejected steps so far (warm-up included).
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.pyro.minibatch`).
     - **gradient_state**: the gradient estimator's state (see :mod:`ppl_sgmcmc.gradients`).
+    - **adapt_state**: with ``adapt_mass``, the warm-up's mass-matrix adaptation
+      (:class:`ppl_sgmcmc.adaptation.AdaptState`; its ``preconditioner`` is frozen after the warm-up).
 
     **Example** (the state after the first step)::
 
@@ -64,6 +66,7 @@ class SGMCMCState(NamedTuple):
     num_diverging: int
     batch_state: NamedTuple
     gradient_state: Any
+    adapt_state: Any
 
 
 class SGMCMCKernel(Algorithm, MCMCKernel):
@@ -347,7 +350,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         draw, self._draws = self._draws, self._draws + 1
         z = self._target.layout.unravel(self._flat)
         self._state = self._state._replace(z=z, diverging=diverging)
-        if self._draws & (self._draws - 1) == 0:  # at draws 1, 2, 4, 8, ...: cheap early warnings
+        if health.passed_power_of_two(self._state.i - self._steps_per_sample, self._state.i):  # log2 times a run
             self._report_health()
         if draw >= self._warmup_steps:
             if diverging:
@@ -370,14 +373,14 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         noise = self._normal(flat)
         finite = False
         if step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
-            new_flat, rule_state, gradient, point = self._rule_step_recorded(
-                flat, state.rule_state, grad_fn, noise, state.i
+            new_flat, rule_state, gradient, point, start = self._move(
+                flat, state.rule_state, grad_fn, noise, state.i, state.adapt_state
             )
             # one reduction each: a sum is finite only if its terms are. A rule that takes its gradient at the
             # chain's position (SGLD, pSGLD, SGFS, SGRLD) finds a position where the model is undefined only
             # when it steps from it: that step goes back to the last position whose gradient was finite.
             if not bool(torch.isfinite(gradient.energy + gradient.grad.sum())):
-                if bool(torch.equal(point, flat)):
+                if bool(torch.equal(point, start)):
                     flat = self._finite_flat
             else:
                 self._finite_flat = flat
@@ -407,6 +410,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._num_diverging,
             batch_state,
             gradient_state,
+            self._adapt(state.adapt_state, self._flat, state.i),
         )
         return diverging
 
@@ -427,6 +431,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             num_diverging=0,
             batch_state=self._target.init_batch(self._generator),
             gradient_state=self._estimator.init(flat),
+            adapt_state=self._init_adaptation(flat),
         )
 
     def _report_health(self):
@@ -508,6 +513,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         state = self._state
         if state is not None and state.z is not None and self._generator is not None:
             from ppl_sgmcmc.checkpoint import ChainState
+
+            self._report_health()  # the end of the run: its last check
 
             self._last_state = ChainState(state, self._generator.get_state(), self._chain_warmup)
         self._initial_params = None

@@ -21,7 +21,8 @@ Two kinds of target share one interface, used by :class:`~ppl_sgmcmc.pyro.kernel
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any
 
 import numpy as np
 import pyro
@@ -70,16 +71,7 @@ def model_errors(
         raise ValueError(f"{kernel_name}: {doing} failed: {err}\n{hint}") from err
 
 
-class _Subsampled(NamedTuple):
-    """A tensor the model passed to ``pyro.subsample`` in the prototype trace."""
-
-    #: the ``subsample`` message; its value ends as the minibatch's rows (the object an observed site gets)
-    msg: dict[str, Any]
-    #: the whole tensor
-    array: Any
-    event_dim: int | None
-    #: the subsampled plate that indexes its rows, if one does
-    frame: _model_checks.Frame | None
+_Subsampled = _model_checks.Subsampled
 
 
 class _ModelRecorder(Messenger):
@@ -130,49 +122,11 @@ def _bad_mask(value: Any) -> np.ndarray | None:
         return None if bool(finite.all()) else (~finite).cpu().numpy()
 
 
-def _check_finite(
-    value: torch.Tensor, what: str, frame: _model_checks.Frame | None, event_dim: int | None, kernel_name: str
-) -> None:
-    """Raise if the data ``value`` holds NaN or inf; the bad rows of ``frame`` are located only when
-    there are some."""
-    bad = _bad_mask(value)
-    if bad is None:
-        return
-    if frame is not None and event_dim is not None and bad.ndim >= event_dim - frame.dim:
-        rows = _model_checks.bad_rows(bad, frame.dim - event_dim)
-        raise _model_checks.nonfinite_data(what, rows, frame.name, frame.size, int(bad.sum()), kernel_name)
-    raise _model_checks.nonfinite_data(what, None, None, None, int(bad.sum()), kernel_name)
+# the shared data checks (:mod:`ppl_sgmcmc._model_checks`) with this backend's arrays
+_check_finite = partial(_model_checks.check_finite, bad_mask=_bad_mask)
+_check_subsampled = partial(_model_checks.check_subsampled, bad_mask=_bad_mask, ppl="pyro")
+_explain_failure = partial(_model_checks.explain_failure, is_array=torch.is_tensor, bad_mask=_bad_mask, ppl="pyro")
 
-
-def _explain_failure(
-    subsampled: list[_Subsampled],
-    model_args: tuple[Any, ...],
-    model_kwargs: Mapping[str, Any],
-    plates: Mapping[str, tuple[int, int]],
-    kernel_name: str,
-) -> None:
-    """After the model failed on its data: raise the non-finite-data error if NaN or inf in the tensors it
-    subsampled or in its arguments explain the failure (a distribution refusing NaN parameters, say)."""
-    _check_subsampled(subsampled, {}, kernel_name)
-    _model_checks.nonfinite_in_arguments(model_args, model_kwargs, torch.is_tensor, _bad_mask, plates, kernel_name)
-
-
-def _check_subsampled(subsampled: list[_Subsampled], observed: Mapping[int, str], kernel_name: str) -> set[str]:
-    """Check each tensor passed to ``pyro.subsample`` once for NaN and inf, named after the observed
-    site whose value it became (``observed``: ``{id(value): site name}``); return those sites' names."""
-    arrays: dict[int, tuple[_Subsampled, str | None]] = {}
-    for record in subsampled:
-        site = observed.get(id(record.msg["value"]))
-        if id(record.array) not in arrays or arrays[id(record.array)][1] is None:
-            arrays[id(record.array)] = (record, site)
-    for record, site in arrays.values():
-        what = (
-            f"observed site {site!r}"
-            if site is not None
-            else _model_checks.subsampled_array(tuple(record.array.shape), record.event_dim, "pyro")
-        )
-        _check_finite(record.array, what, record.frame, record.event_dim, kernel_name)
-    return {site for _, site in arrays.values() if site is not None}
 
 
 def _discrete_latent_error(kernel_name, name, fn):
@@ -357,7 +311,7 @@ class _Slot:
 class ModelTarget:
     """The subsampled potential of a Pyro model (see the module docstring)."""
 
-    local_sites = ()  # local Gibbs sites (see ppl_sgmcmc.pyro.gibbs.GibbsTarget)
+    local_sites: tuple[str, ...] = ()  # local Gibbs sites (see ppl_sgmcmc.pyro.gibbs.GibbsTarget)
 
     def __init__(
         self,

@@ -47,7 +47,8 @@ class StochasticGradient(NamedTuple):
     ``energy``: the minibatch potential ``Ũ_t(x)`` (a noisy, unbiased estimate of ``U(x)``).
     ``grad``: ``∇Ũ_t(x)``.
     ``score``: the mean per-datum log-likelihood gradient ``ḡ_t = (1/n) Σ_{i∈S_t} ∇ log p(x_i|x)``
-    (used by preconditioned rules; equal to ``-grad`` for targets without data).
+    (used by preconditioned rules; equal to ``-grad`` for targets without data), or ``None`` where the
+    rule does not read it (``NEEDS = "gradient"``).
     ``per_example``: the ``n×d`` matrix of per-datum log-likelihood gradients ``∇ log p(x_i|x)``,
     ``i ∈ S_t`` (rows average to ``score``), or ``None``. Backends compute it only for rule modules
     that declare ``NEEDS = "per_example"`` (SGFS); it costs a per-datum gradient pass.
@@ -64,7 +65,7 @@ class StochasticGradient(NamedTuple):
 
     energy: Array
     grad: Array
-    score: Array
+    score: Array | None
     per_example: Array | None = None
 
 

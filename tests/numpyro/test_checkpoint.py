@@ -72,7 +72,9 @@ def test_interrupted_run_resumes_bit_for_bit_with_vectorized_chains(logistic_dat
     np.testing.assert_array_equal(
         idata.sample_stats["minibatch_lp"], -whole.get_extra_fields(group_by_chain=True)["potential_energy"]
     )
-    assert sorted((tmp_path).iterdir()) == [tmp_path / f"draws-0000{k}.npz" for k in range(4)] + [tmp_path / "state.pkl"]
+    assert sorted((tmp_path).iterdir()) == [tmp_path / f"draws-0000{k}.npz" for k in range(4)] + [
+        tmp_path / "state.pkl"
+    ]
 
 
 def test_csgld_with_an_auto_grid_resumes_bit_for_bit(logistic_data, tmp_path):

@@ -71,6 +71,7 @@ def test_continuation_equals_one_run(logistic_data):
 def test_continuation_keeps_the_chains_warmup_windows():
     """CSGLD calibrates its grid in the warm-up; a continuation without warm-up keeps the chain's windows
     (an "auto" grid needs a warm-up) and its grid and θ: the same draws and weights as one run."""
+
     def make():
         return CSGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.05, num_partitions=10)
 
@@ -88,8 +89,9 @@ def test_continuation_keeps_the_chains_warmup_windows():
     kernel.resume_from = first_kernel.last_state
     second = csgld_run(kernel, 0, 35)
     assert torch.equal(torch.cat([first.get_samples()["x"], second.get_samples()["x"]]), whole.get_samples()["x"])
-    assert first.diagnostics()["log_weight"]["chain 0"] + second.diagnostics()["log_weight"]["chain 0"] == (
-        whole.diagnostics()["log_weight"]["chain 0"]
+    assert (
+        first.diagnostics()["log_weight"]["chain 0"] + second.diagnostics()["log_weight"]["chain 0"]
+        == (whole.diagnostics()["log_weight"]["chain 0"])
     )
     assert second.diagnostics()["theta"] == whole.diagnostics()["theta"]
     assert kernel.last_state.num_warmup == 40

@@ -66,7 +66,7 @@ def test_same_stochastic_potential_gradient_and_score():
 
     value_and_grad = jax.jit(jax.value_and_grad(energy))
     prior_grad = jax.jit(jax.grad(lambda x, idx: energy(x, idx, block(numpyro_model, hide=["y"]))))
-    for point in range(3):
+    for _ in range(3):
         sigma_u, w = rng.normal(size=()).astype(np.float32), rng.normal(size=3).astype(np.float32)
         idx = rng.integers(0, N, size=BATCH)
         flat = np.concatenate([[sigma_u], w]).astype(np.float32)

@@ -22,11 +22,10 @@ import torch
 from pyro.infer import MCMC
 
 from ppl_sgmcmc import numpyro as np_backend
-from ppl_sgmcmc.numpyro import kernel as np_kernel_module
 from ppl_sgmcmc import pyro as pyro_backend
-from ppl_sgmcmc.importance import resample, weighted_expectation
+from ppl_sgmcmc.importance import resample
+from ppl_sgmcmc.numpyro import kernel as np_kernel_module
 from ppl_sgmcmc.pyro import CSGHMC, CSGLD, SGFS, SGLD, SGRLD, sample_stats, to_inference_data
-from ppl_sgmcmc.rules import sgfs
 from ppl_sgmcmc.schedules import polynomial
 from tests.pyro.test_cross_backend import X0, energy_jax, energy_torch
 

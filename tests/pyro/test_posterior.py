@@ -107,7 +107,7 @@ CASES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pyro_draws(case):
     """``(1, DRAWS, d)`` draws of ``w`` from one Pyro chain (cached: two tests use each run)."""
     name, hyper, _ = CASES[case]
