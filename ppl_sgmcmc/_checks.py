@@ -9,8 +9,24 @@ from numbers import Integral, Real
 import numpy as np
 
 
+def _number(value):
+    """The Python number of a 0-d array (NumPy, JAX or torch); other values unchanged."""
+    if getattr(value, "shape", None) == () and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def boolean(name, value, kernel):
+    """``True`` or ``False`` (a string such as ``"no"`` would read as true)."""
+    value = _number(value)
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{kernel}: `{name}` must be True or False, got {value!r}.")
+    return bool(value)
+
+
 def positive(name, value, kernel):
     """A finite, strictly positive real number."""
+    value = _number(value)
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{kernel}: `{name}` must be a finite positive number, got {value!r}.")
     return float(value)
@@ -18,6 +34,7 @@ def positive(name, value, kernel):
 
 def in_unit_interval(name, value, kernel):
     """A real number in the open interval (0, 1)."""
+    value = _number(value)
     if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < 1:
         raise ValueError(f"{kernel}: `{name}` must lie strictly between 0 and 1, got {value!r}.")
     return float(value)
@@ -56,6 +73,7 @@ def schedule_or(check, name, value, kernel):
 
 def positive_int(name, value, kernel):
     """A strictly positive integer."""
+    value = _number(value)
     if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
         raise ValueError(f"{kernel}: `{name}` must be a positive integer, got {value!r}.")
     return int(value)
@@ -63,6 +81,7 @@ def positive_int(name, value, kernel):
 
 def non_negative(name, value, kernel):
     """A finite real number ``>= 0``."""
+    value = _number(value)
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{kernel}: `{name}` must be a finite non-negative number, got {value!r}.")
     return float(value)
@@ -70,6 +89,7 @@ def non_negative(name, value, kernel):
 
 def finite(name, value, kernel):
     """A finite real number."""
+    value = _number(value)
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
         raise ValueError(f"{kernel}: `{name}` must be a finite number, got {value!r}.")
     return float(value)
@@ -77,6 +97,7 @@ def finite(name, value, kernel):
 
 def int_at_least(name, value, minimum, kernel):
     """An integer ``>= minimum``."""
+    value = _number(value)
     if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
         raise ValueError(f"{kernel}: `{name}` must be an integer >= {minimum}, got {value!r}.")
     return int(value)

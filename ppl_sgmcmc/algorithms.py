@@ -184,7 +184,7 @@ class Algorithm:
         self._gibbs = None if gibbs is None else GibbsOptions(*gibbs)
         self._model = model
         self._potential_fn = potential_fn
-        self._replace = bool(replace)
+        self._replace = _checks.boolean("replace", replace, name)
         self._init_strategy = init_strategy
         self._options: dict[str, Any] = {}  # the algorithm's own rule arguments, set by subclasses
         if not isinstance(adapt_mass, bool) or not isinstance(dense_mass, bool):

@@ -163,3 +163,14 @@ def test_one_definition_per_algorithm():
             assert issubclass(kernel, algorithm) and issubclass(kernel, backend.SGMCMCKernel)
             own = {k for k in vars(kernel) if not k.startswith("__")} - {"state_type", "_abc_impl"}
             assert not own, f"{backend.__name__}.{name} defines {own}: put it in the algorithm or the base class"
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_array_scalars_and_booleans(backend):
+    """0-d arrays are numbers (a step size computed with NumPy, JAX or torch); ``replace`` must be a bool."""
+    for h in (np.float32(0.1), jnp.array(0.1), torch.tensor(0.1), np.array(0.1)):
+        assert backend.SGLD(potential_fn=lambda z: 0.0, step_size=h)._step_size == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="`step_size` must be a finite positive number"):
+        backend.SGLD(potential_fn=lambda z: 0.0, step_size=jnp.array([0.1, 0.2]))
+    with pytest.raises(TypeError, match="`replace` must be True or False, got 'no'"):
+        backend.SGLD(potential_fn=lambda z: 0.0, step_size=0.1, replace="no")
