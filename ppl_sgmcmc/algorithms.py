@@ -249,8 +249,9 @@ class Algorithm:
     def _rule_step_recorded(
         self, position: Any, state: Any, grad_fn: Callable[[Any], Any], noise: Any, i: Any
     ) -> tuple:
-        """:meth:`rule_step`, and the point where the rule took its gradient (where a rejected step returns
-        depends on whether that was ``position`` itself)."""
+        """:meth:`rule_step`, and whether the rule took its gradient at ``position`` itself (a Python bool,
+        known when the step is traced: SGLD, pSGLD, SGFS and SGRLD pass their position to ``grad_fn``
+        unchanged), which decides where a rejected step returns."""
         at = []
 
         def recorded(x: Any) -> Any:
@@ -258,7 +259,7 @@ class Algorithm:
             return grad_fn(x)
 
         position_new, state, gradient = self.rule_step(position, state, recorded, noise, i)
-        return position_new, state, gradient, at[0]
+        return position_new, state, gradient, at[0] is position
 
     def step_size_at(self, i: Any) -> Any:  # pragma: no cover - each backend defines it
         """The step size ``h_i`` of step ``i``, as the backend's arrays want it."""
@@ -296,16 +297,15 @@ class Algorithm:
     def _move(self, position: Any, rule_state: Any, grad_fn: Callable[[Any], Any], noise: Any, i: Any,
               adapt_state: Any) -> tuple:
         """One move of the rule from ``position``, in the preconditioned coordinates ``u = L⁻¹ θ`` with
-        ``adapt_mass``: ``(new position, rule state, gradient, the point where the rule took its gradient,
-        the position in the same coordinates as that point)``."""
+        ``adapt_mass``: ``(new position, rule state, gradient, whether the rule took its gradient at the
+        position)`` (see :meth:`_rule_step_recorded`)."""
         if not self._adapt_mass:
-            return (*self._rule_step_recorded(position, rule_state, grad_fn, noise, i), position)
+            return self._rule_step_recorded(position, rule_state, grad_fn, noise, i)
         pre = adapt_state.preconditioner
-        u = adaptation.to_u(pre, position)
-        new_u, rule_state, gradient, point = self._rule_step_recorded(
-            u, rule_state, adaptation.pullback_grad_fn(pre, grad_fn), noise, i
+        new_u, rule_state, gradient, at_start = self._rule_step_recorded(
+            adaptation.to_u(pre, position), rule_state, adaptation.pullback_grad_fn(pre, grad_fn), noise, i
         )
-        return adaptation.to_theta(pre, new_u), rule_state, gradient, point, u
+        return adaptation.to_theta(pre, new_u), rule_state, gradient, at_start
 
     def _adapt(self, adapt_state: Any, position: Any, i: Any) -> Any:
         """The adaptation's state after the warm-up step ``i`` reached ``position``."""

@@ -239,6 +239,7 @@ def _run_numpyro(mcmc: Any, args: tuple, kwargs: dict, directory: Path, every: i
                     state.rng_key, *model_args, extra_fields=extra_fields, init_params=sample_field(state), **kwargs
                 )
             state = mcmc.last_state
+            mcmc.sampler.report_health(state)  # at every chunk: a long run that goes wrong says so early
             draws = {
                 "posterior": _as_numpy(mcmc.get_samples(group_by_chain=True), "samples"),
                 "sample_stats": _as_numpy(mcmc.get_extra_fields(group_by_chain=True), "extra fields"),

@@ -10,7 +10,7 @@ arrays alike) and, when a check fails, the backend turns it into one Python warn
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 from array_api_compat import array_namespace
 
@@ -75,6 +75,48 @@ def passed_power_of_two(before: Any, after: Any) -> Any:
     """
     # a power of two lies in (before, after] exactly when `after`'s highest set bit is above `before`'s
     return (after ^ before) > before
+
+
+class HealthState(NamedTuple):
+    """What a chain's checks found so far: ``flags`` (booleans for :data:`KINDS`, each set once a check
+    fails) and ``values`` (:func:`check`'s values when the first check failed). The NumPyro kernels keep it
+    in their state, so that a compiled run needs no host callback (which would slow every call of a
+    compiled step); the host reports it (:class:`Reporter`)."""
+
+    flags: Any
+    values: Any
+
+
+def init(like: Any) -> HealthState:
+    """No failure seen (arrays of the namespace and dtype of ``like``).
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc import health
+        >>> health.init(jnp.zeros(3)).flags.tolist()
+        [False, False, False]
+    """
+    xp = array_namespace(like)
+    return HealthState(xp.zeros((len(KINDS),), dtype=xp.bool), xp.zeros((4,), dtype=like.dtype))
+
+
+def update(state: HealthState, i: Any, num_diverging: Any, step_size: Any, position: Any, rule_state: Any) -> HealthState:
+    """``state`` after the checks of :func:`check` at step ``i``: failed checks are added to ``flags``, and
+    ``values`` are kept from the first failure.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc import health
+        >>> state = health.update(health.init(jnp.zeros(2)), 200, 150, 0.1, jnp.zeros(2), ())
+        >>> state.flags.tolist(), state.values.tolist()
+        ([False, True, False], [0.10000000149011612, 200.0, 150.0, 0.0])
+    """
+    xp = array_namespace(position)
+    flags, values = check(i, num_diverging, step_size, position, rule_state)
+    first = xp.any(flags) & ~xp.any(state.flags)
+    return HealthState(state.flags | flags, xp.where(first, values, state.values))
 
 
 def message(kernel: str, kind: str, values: Any) -> str:

@@ -24,8 +24,12 @@ def log_energy_torch(z):
 
 
 def run_numpyro(kernel, num_samples=300, init=None):
+    """A NumPyro run (NumPyro turns the progress bar off under pytest-xdist and CI): the compiled run records
+    the failures in the state and the host reports them afterwards, as ``to_inference_data`` and
+    ``checkpoint.run`` do (and the progress bar, when on: see ``test_progress_bar_reports``)."""
     mcmc = MCMC(kernel, num_warmup=0, num_samples=num_samples, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), init_params=init)
+    kernel.report_health(mcmc.last_state)
     return mcmc
 
 
@@ -105,6 +109,22 @@ def test_warnings_numpyro():
     assert len(messages) == 1 and REJECTIONS in messages[0], messages
 
 
+def test_progress_bar_reports():
+    """The progress bar's host call (``get_diagnostics_str``, once per draw) reports during the run."""
+    kernel = np_backend.SGLD(potential_fn=storm_jax, step_size=0.1)
+    state = kernel.init(jax.random.PRNGKey(0), 0, {"x": jnp.ones(2)})
+    step = jax.jit(kernel.sample)
+
+    def run():
+        nonlocal state
+        for _ in range(300):
+            state = step(state, (), {})
+            kernel.get_diagnostics_str(state)
+
+    _, messages = quiet(run)
+    assert len(messages) == 1 and REJECTIONS in messages[0], messages
+
+
 def test_warnings_pyro():
     kernel = pyro_backend.SGLD(potential_fn=normal_energy_torch, step_size=lambda t: 0.1 - 1e-3 * t)
     _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
@@ -130,7 +150,8 @@ def test_healthy_runs_are_silent():
     assert messages == []
     kernel = np_backend.SGLD(potential_fn=normal_energy_jax, step_size=0.1)
     mcmc = MCMC(kernel, num_warmup=0, num_samples=300, num_chains=3, chain_method="vectorized", progress_bar=False)
-    _, messages = quiet(lambda: mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones((3, 2))}))
+    mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones((3, 2))})
+    _, messages = quiet(lambda: kernel.report_health(mcmc.last_state))
     assert messages == []
     kernel = pyro_backend.SGNHT(potential_fn=normal_energy_torch, step_size=0.1)
     _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))

@@ -151,6 +151,8 @@ def to_inference_data(
         ((1, 100, 1000), True)
     """
     _check(mcmc)
+    if mcmc.last_state is not None:
+        mcmc.sampler.report_health(mcmc.last_state)  # a run that went wrong says so
     if log_likelihood:
         local = _local_sites(mcmc, mcmc.get_samples())
         if local:

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax, random, vmap
 from jax.flatten_util import ravel_pytree
 from numpyro.distributions import constraints
@@ -36,16 +37,18 @@ class SGMCMCState(NamedTuple):
       gradient; noisy and scaled to the full data, not the exact potential ``U``.
     - **step_size**: the step size ``h_i`` this step used.
     - **diverging**: whether this step's gradient, its new state or its step size was non-finite (or the
-      step size not positive); the step was then rejected: the chain returned to the last position
-      whose gradient was finite and kept its rule state, except that a momentum is redrawn
-      (:func:`ppl_sgmcmc.rules.refresh_momentum`).
+      step size not positive); the step was then rejected: the chain kept its rule state, except that a
+      momentum is redrawn (:func:`ppl_sgmcmc.rules.refresh_momentum`), and its position, except that a rule
+      that takes its gradient at the position returns to ``finite_position``.
     - **num_diverging**: the number of rejected steps so far.
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.numpyro.minibatch`).
     - **gradient_state**: the gradient estimator's state (see :mod:`ppl_sgmcmc.gradients`).
-    - **finite_position**: the last (flat) position whose stochastic gradient was finite, where a rejected
-      step returns.
+    - **finite_position**: where the last accepted step started (flat; its stochastic gradient was finite):
+      where a rejected step of SGLD, pSGLD, SGFS or SGRLD returns.
     - **adapt_state**: with ``adapt_mass``, the warm-up's mass-matrix adaptation
       (:class:`ppl_sgmcmc.adaptation.AdaptState`; its ``preconditioner`` is frozen after the warm-up).
+    - **health**: the known failures the chain's checks found (:class:`ppl_sgmcmc.health.HealthState`),
+      reported by :meth:`SGMCMCKernel.report_health`.
     - **rng_key**: the random key for the next step.
 
     **Example** (the state :meth:`SGMCMCKernel.init` returns)::
@@ -69,6 +72,7 @@ class SGMCMCState(NamedTuple):
     gradient_state: Any
     finite_position: jax.Array
     adapt_state: Any
+    health: health.HealthState
     rng_key: jax.Array
 
     def __getitem__(self, key):
@@ -220,7 +224,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """The progress bar's postfix: ``Ũ_t``, the step size and the number of rejected steps.
 
         NumPyro asks for it after every step; reading the state forces the host to wait for the device,
-        so the string is refreshed only every ``diagnostics_every`` calls and reused in between.
+        so the string is refreshed only every ``diagnostics_every`` calls and reused in between. The chain's
+        health (:meth:`report_health`) is read at those calls and at calls 1, 2, 4, 8, ...
 
         **Example**::
 
@@ -232,8 +237,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             'Ũ_t 1, h 1.00e-01, div 0'
         """
         self._diagnostics_calls = getattr(self, "_diagnostics_calls", -1) + 1
-        if self._diagnostics_calls % self.diagnostics_every == 0:
+        calls = self._diagnostics_calls
+        if calls % self.diagnostics_every == 0:
             self._diagnostics = self.diagnostics(state)
+        if calls % self.diagnostics_every == 0 or calls & (calls - 1) == 0:  # and at calls 1, 2, 4, 8, ...
+            self.report_health(state)
         return self._diagnostics
 
     diagnostics_every = 100
@@ -397,9 +405,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             raise RuntimeError(f"{type(self).__name__}: call `init` before `sample`.")
         model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
         self._check_static(model_args, model_kwargs)
-        state = self._sample_fn(state, model_args, model_kwargs)
-        self._check_health(state)
-        return state
+        before = state.i
+        return self._update_health(self._sample_fn(state, model_args, model_kwargs), before)
 
     def _check_static(self, model_args, model_kwargs):
         """A model argument that was a Python number at :meth:`init` (it may be a shape, e.g. a plate's
@@ -416,28 +423,50 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                     "batch_size=100)`, or run with jit_model_args=False."
                 )
 
-    def _check_health(self, state):
-        """Warn, from inside the compiled run, once per run and kind, when a chain shows a known failure
-        (:mod:`ppl_sgmcmc.health`). The checks run when the step count passes a power of two (steps 1, 2,
-        4, 8, ... and the run's last power of two), so that they cost nothing per step."""
+    def report_health(self, state):
+        """Warn, once per run and kind, about the known failures the chain's checks recorded in ``state``
+        (:mod:`ppl_sgmcmc.health`); with several chains, those of the first failing chain. The progress bar,
+        :func:`~ppl_sgmcmc.numpyro.to_inference_data` and :func:`ppl_sgmcmc.checkpoint.run` call it.
 
-        def check(state):
-            return health.check(
-                state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0], state.rule_state
+        **Example** (a schedule that turns negative at step 10)::
+
+            >>> import warnings, jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=lambda t: 0.1 - 0.01 * t)
+            >>> state = kernel.init(jax.random.PRNGKey(0), 0, {"x": jnp.ones(2)})
+            >>> step = jax.jit(kernel.sample)
+            >>> for _ in range(20):
+            ...     state = step(state, (), {})
+            >>> with warnings.catch_warnings(record=True) as caught:
+            ...     warnings.simplefilter("always")
+            ...     kernel.report_health(state)
+            >>> "Fix the `step_size` schedule" in str(caught[0].message)
+            True
+        """
+        flags, values = np.asarray(state.health.flags), np.asarray(state.health.values)
+        if flags.ndim == 2:  # chains
+            worst = int(np.argmax(flags.any(axis=1)))
+            flags, values = flags.any(axis=0), values[worst]
+        if flags.any():
+            self._health.report(flags.tolist(), values.tolist())
+
+    def _update_health(self, state, before):
+        """``state`` with its health checks run if the step count passed a power of two since ``before``
+        (steps 1, 2, 4, 8, ...): :func:`ppl_sgmcmc.health.update`, in the compiled step, without a host call.
+        The branch is taken for all chains at once (they count steps together), so that vectorised chains
+        do not pay for the checks at every step."""
+
+        def update(state):
+            return state._replace(
+                health=health.update(
+                    state.health, state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0],
+                    state.rule_state,
+                )
             )
 
-        def check_and_report():
-            flags, values = vmap(check)(state) if self._vectorized else check(state)
-            if self._vectorized:  # report the first chain that shows a failure
-                worst = jnp.argmax(jnp.any(flags, axis=1))
-                flags, values = jnp.any(flags, axis=0), values[worst]
-            lax.cond(
-                jnp.any(flags), lambda: jax.debug.callback(self._health.report, flags, values), lambda: None
-            )
-
-        i = state.i[0] if self._vectorized else state.i
-        before = i - self._steps_per_sample
-        lax.cond(health.passed_power_of_two(before, i), check_and_report, lambda: None)
+        if self._vectorized:
+            return lax.cond(health.passed_power_of_two(before[0], state.i[0]), vmap(update), lambda s: s, state)
+        return lax.cond(health.passed_power_of_two(before, state.i), update, lambda s: s, state)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -470,6 +499,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             gradient_state=self._estimator.init(flat),
             finite_position=flat,
             adapt_state=self._init_adaptation(flat),
+            health=health.init(flat),
             rng_key=rng_key,
         )
 
@@ -498,18 +528,18 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         )
         noise = random.normal(key_noise, flat.shape, flat.dtype)
         step_size = self.step_size_at(state.i)
-        new_flat, rule_state, gradient, point, start = self._move(
+        new_flat, rule_state, gradient, at_start = self._move(
             flat, state.rule_state, grad_fn, noise, state.i, state.adapt_state
         )
-        at_start = jnp.all(point == start)
-        # A rule that takes its gradient at the chain's position (SGLD, pSGLD, SGFS, SGRLD) finds a position
-        # where the model is undefined only when it steps from it: that step goes back to the last position
-        # whose gradient was finite. Other rejected steps keep the position.
-        gradient_finite = _all_finite((gradient.energy, gradient.grad))
-        safe_flat = jnp.where(at_start & ~gradient_finite, state.finite_position, flat)
-        finite_position = jnp.where(gradient_finite, flat, state.finite_position)
         # a non-finite gradient reaches the new position through every rule
-        finite = gradient_finite & _all_finite((new_flat, rule_state)) & (step_size > 0)
+        finite = _all_finite((gradient.energy, new_flat, rule_state)) & (step_size > 0)
+        # A rejected step of a rule that takes its gradient at the chain's position (SGLD, pSGLD, SGFS, SGRLD)
+        # returns to where the last accepted step started, whose gradient was finite: a step that landed where
+        # the model is undefined is undone. Other rules keep the position.
+        safe_flat, finite_position = flat, state.finite_position
+        if at_start:
+            safe_flat = finite_position
+            finite_position = jnp.where(finite, flat, finite_position)
         keep = partial(jnp.where, finite)
         kept_rule_state = state.rule_state
         if has_momentum(kept_rule_state):  # a rejected step redraws the momentum that made it diverge
@@ -533,6 +563,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             gradient_state=jax.tree.map(keep, gradient_state, state.gradient_state),
             finite_position=finite_position,
             adapt_state=self._adapt(state.adapt_state, new_flat, state.i),
+            health=state.health,
             rng_key=rng_key,
         )
 

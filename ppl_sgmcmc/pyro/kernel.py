@@ -371,24 +371,22 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         )
         step_size = self.step_size_at(state.i)
         noise = self._normal(flat)
-        finite = False
+        finite, at_start = False, False
         if step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
-            new_flat, rule_state, gradient, point, start = self._move(
+            new_flat, rule_state, gradient, at_start = self._move(
                 flat, state.rule_state, grad_fn, noise, state.i, state.adapt_state
             )
-            # one reduction each: a sum is finite only if its terms are. A rule that takes its gradient at the
-            # chain's position (SGLD, pSGLD, SGFS, SGRLD) finds a position where the model is undefined only
-            # when it steps from it: that step goes back to the last position whose gradient was finite.
-            if not bool(torch.isfinite(gradient.energy + gradient.grad.sum())):
-                if bool(torch.equal(point, start)):
-                    flat = self._finite_flat
-            else:
-                self._finite_flat = flat
-                total = new_flat.sum()
-                for leaf in rule_state:
-                    if leaf is not None:  # e.g. CSGLD's momentum
-                        total = total + leaf.sum()
-                finite = bool(torch.isfinite(total))
+            # one reduction: a sum is finite only if its terms are (a non-finite gradient reaches the new state)
+            total = gradient.energy + new_flat.sum()
+            for leaf in rule_state:
+                if leaf is not None:  # e.g. CSGLD's momentum
+                    total = total + leaf.sum()
+            finite = bool(torch.isfinite(total))
+        # A rejected step of a rule that takes its gradient at the chain's position (SGLD, pSGLD, SGFS, SGRLD)
+        # returns to where the last accepted step started, whose gradient was finite: a step that landed where
+        # the model is undefined is undone. Other rules keep the position.
+        if at_start:
+            flat, self._finite_flat = (flat, flat) if finite else (self._finite_flat, self._finite_flat)
         if finite:
             self._flat = new_flat
             energy, diverging = gradient.energy, False
