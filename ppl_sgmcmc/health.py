@@ -21,8 +21,13 @@ MIN_STEPS = 100
 #: A position or auxiliary variable (momentum, thermostat) beyond this magnitude is reported.
 RUNAWAY = 1e8
 
-#: The checks, in the order of :func:`check`'s flags.
-KINDS = ("step_size", "rejections", "runaway")
+#: A chain whose position moved by less than this (relative to its magnitude) over at least
+#: :data:`FROZEN_STEPS` steps is reported as frozen.
+FROZEN_TOLERANCE = 1e-6
+FROZEN_STEPS = 128
+
+#: The checks: :func:`check`'s flags, then :func:`update`'s frozen-chain flag.
+KINDS = ("step_size", "rejections", "runaway", "frozen")
 
 
 def check(i: Any, num_diverging: Any, step_size: Any, position: Any, rule_state: Any) -> tuple[Any, Any]:
@@ -79,44 +84,58 @@ def passed_power_of_two(before: Any, after: Any) -> Any:
 
 class HealthState(NamedTuple):
     """What a chain's checks found so far: ``flags`` (booleans for :data:`KINDS`, each set once a check
-    fails) and ``values`` (:func:`check`'s values when the first check failed). The NumPyro kernels keep it
-    in their state, so that a compiled run needs no host callback (which would slow every call of a
-    compiled step); the host reports it (:class:`Reporter`)."""
+    fails), ``values`` (the values behind them when the first check failed: step size, steps, rejected
+    steps, largest magnitude, steps since the previous check), and ``anchor``/``anchor_step``, the position
+    at the previous check and its step (to see a frozen chain). The NumPyro kernels keep it in their state,
+    so that a compiled run needs no host callback (which would slow every call of a compiled step); the
+    host reports it (:class:`Reporter`)."""
 
     flags: Any
     values: Any
+    anchor: Any
+    anchor_step: Any
 
 
 def init(like: Any) -> HealthState:
-    """No failure seen (arrays of the namespace and dtype of ``like``).
+    """No failure seen, anchored at the chain's start ``like`` (its namespace and dtype).
 
     **Example**::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc import health
         >>> health.init(jnp.zeros(3)).flags.tolist()
-        [False, False, False]
+        [False, False, False, False]
     """
     xp = array_namespace(like)
-    return HealthState(xp.zeros((len(KINDS),), dtype=xp.bool), xp.zeros((4,), dtype=like.dtype))
+    return HealthState(
+        xp.zeros((len(KINDS),), dtype=xp.bool), xp.zeros((5,), dtype=like.dtype), like, xp.zeros((), dtype=like.dtype)
+    )
 
 
 def update(state: HealthState, i: Any, num_diverging: Any, step_size: Any, position: Any, rule_state: Any) -> HealthState:
-    """``state`` after the checks of :func:`check` at step ``i``: failed checks are added to ``flags``, and
-    ``values`` are kept from the first failure.
+    """``state`` after the checks of :func:`check` at step ``i``, and the frozen-chain check (the position
+    moved by less than :data:`FROZEN_TOLERANCE` relative to its magnitude since the previous check, at
+    least :data:`FROZEN_STEPS` steps ago): failed checks are added to ``flags``, ``values`` are kept from
+    the first failure, and the anchor moves to this check.
 
     **Example**::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc import health
-        >>> state = health.update(health.init(jnp.zeros(2)), 200, 150, 0.1, jnp.zeros(2), ())
-        >>> state.flags.tolist(), state.values.tolist()
-        ([False, True, False], [0.10000000149011612, 200.0, 150.0, 0.0])
+        >>> state = health.update(health.init(jnp.ones(2)), 200, 150, 0.1, jnp.ones(2), ())
+        >>> state.flags.tolist(), state.values.tolist()  # most steps rejected, and the chain did not move
+        ([False, True, False, True], [0.10000000149011612, 200.0, 150.0, 1.0, 200.0])
     """
     xp = array_namespace(position)
     flags, values = check(i, num_diverging, step_size, position, rule_state)
+    steps = xp.asarray(i, dtype=position.dtype)
+    since = steps - state.anchor_step
+    moved = xp.max(xp.abs(position - state.anchor))
+    frozen = (since >= FROZEN_STEPS) & (moved <= FROZEN_TOLERANCE * (1 + xp.max(xp.abs(state.anchor))))
+    flags = xp.concat([flags, xp.reshape(frozen, (1,))])
+    values = xp.concat([values, xp.reshape(since, (1,))])
     first = xp.any(flags) & ~xp.any(state.flags)
-    return HealthState(state.flags | flags, xp.where(first, values, state.values))
+    return HealthState(state.flags | flags, xp.where(first, values, state.values), position, steps)
 
 
 def message(kernel: str, kind: str, values: Any) -> str:
@@ -125,10 +144,10 @@ def message(kernel: str, kind: str, values: Any) -> str:
     **Example**::
 
         >>> from ppl_sgmcmc import health
-        >>> print(health.message("SGLD", "rejections", [1e-3, 200, 150, 1.0]))
+        >>> print(health.message("SGLD", "rejections", [1e-3, 200, 150, 1.0, 72]))
         SGLD: 150 of the first 200 steps were rejected as non-finite ...
     """
-    h, steps, rejected, largest = (float(v) for v in values)
+    h, steps, rejected, largest, since = (float(v) for v in values)
     if kind == "step_size":
         return (
             f"{kernel}: the step size reached h = {h:g} by step {int(steps)}; steps with a non-positive or NaN "
@@ -148,6 +167,13 @@ def message(kernel: str, kind: str, values: Any) -> str:
             f"of {largest:.3g} (over {RUNAWAY:g}): the chain is diverging. Reduce the step size; for SGNHT also "
             "check that the warm-up lets the thermostat settle."
         )
+    if kind == "frozen":
+        return (
+            f"{kernel}: the chain has not moved in the {int(since)} steps before step {int(steps)} (its position "
+            f"changed by less than {FROZEN_TOLERANCE:g} of its magnitude): the draws are one point, not a sample. "
+            "A thermostat or friction grown huge, a step size far too small, or every step rejected freezes a "
+            "chain: check `rule_state.thermostat`, the step size and `num_diverging`, and the initial values."
+        )
     raise ValueError(f"unknown health check {kind!r}")
 
 
@@ -163,7 +189,7 @@ class Reporter:
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     for _ in range(3):
-        ...         reporter.report([False, True, False], [1e-3, 200, 150, 1.0])
+        ...         reporter.report([False, True, False, False], [1e-3, 200, 150, 1.0, 72])
         >>> len(caught)
         1
     """

@@ -144,6 +144,17 @@ def test_runaway_warning():
     assert len(messages) == 1 and "diverging" in messages[0]
 
 
+def test_frozen_chain_warning():
+    """A chain that does not move (here a step size of 1e-30: every step rounds to no move) is reported on
+    both backends."""
+    kernel = np_backend.SGLD(potential_fn=normal_energy_jax, step_size=1e-30)
+    _, messages = quiet(lambda: run_numpyro(kernel, init={"x": jnp.ones(2)}))
+    assert len(messages) == 1 and "has not moved in the 128 steps before step 256" in messages[0], messages
+    kernel = pyro_backend.SGLD(potential_fn=normal_energy_torch, step_size=1e-30)
+    _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
+    assert len(messages) == 1 and "has not moved" in messages[0], messages
+
+
 def test_healthy_runs_are_silent():
     kernel = np_backend.SGNHT(potential_fn=normal_energy_jax, step_size=0.1)
     _, messages = quiet(lambda: run_numpyro(kernel, init={"x": jnp.ones(2)}))

@@ -302,6 +302,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._state = None
         self._draws = 0
         self._health = health.Reporter(name)
+        self._health_state = None  # the checks' state (ppl_sgmcmc.health.HealthState), from the first check
         _checks.first_step_size(self.step_size_at(0), name)
         self._divergences = []
         self._num_diverging = 0
@@ -436,10 +437,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """Warn, once per run and kind, when the chain shows a known failure (:mod:`ppl_sgmcmc.health`)."""
         state = self._state
         if state is not None:
-            flags, values = health.check(
-                state.i, state.num_diverging, state.step_size, self._flat, state.rule_state
-            )
-            self._health.report(flags.tolist(), values.tolist())
+            checks = self._health_state if self._health_state is not None else health.init(self._flat)
+            checks = health.update(checks, state.i, state.num_diverging, state.step_size, self._flat, state.rule_state)
+            self._health_state = checks
+            self._health.report(checks.flags.tolist(), checks.values.tolist())
 
     def _normal(self, like):
         """Standard normal noise of the shape of ``like``, from the chain's generator."""
