@@ -199,6 +199,7 @@ class Algorithm:
         self._adapt_mass, self._dense_mass = adapt_mass, dense_mass
         self._window_ends: list[tuple[int, int]] | None = None  # the adaptation windows, set from the warm-up
         self._num_warmup_steps = 0
+        self._kwargs_cache: dict[Any, tuple[dict[str, Any], tuple[str, ...], bool]] = {}  # see `_rule_kwargs`
         self._start_warning: str | None = None  # said when a new chain starts (see `_set_warmup`)
         self._estimator = gradients.minibatch()
 
@@ -237,13 +238,31 @@ class Algorithm:
         hyper["step_index"] = i
         return hyper
 
+    def _rule_kwargs(self, fn: Callable[..., Any], i: Any) -> dict[str, Any]:
+        """What :meth:`hyperparameters_at` gives ``fn`` (a rule's ``init`` or ``step``) at step ``i``: the
+        arguments it declares are filtered once and cached (Pyro calls this every step, in Python); only
+        the schedules and the step index are filled in per step. The cache is dropped whenever the
+        hyper-parameters can change (the warm-up and the model are set)."""
+        cached = self._kwargs_cache.get(fn)
+        if cached is None:
+            static = call_kwargs(fn, {**self.hyperparameters(), "step_index": None})
+            scheduled = tuple(key for key in self.schedulable if callable(static.get(key)))
+            cached = self._kwargs_cache[fn] = (static, scheduled, "step_index" in static)
+        static, scheduled, takes_index = cached
+        kwargs = dict(static)
+        for key in scheduled:
+            kwargs[key] = kwargs[key](i)
+        if takes_index:
+            kwargs["step_index"] = i
+        return kwargs
+
     def rule_init(self, position: Any, noise: Any, i: Any = 0) -> Any:
         """The rule's initial state at ``position``, with the arguments its ``init`` declares."""
-        return self.rule.init(position, noise, **call_kwargs(self.rule.init, self.hyperparameters_at(i)))
+        return self.rule.init(position, noise, **self._rule_kwargs(self.rule.init, i))
 
     def rule_step(self, position: Any, state: Any, grad_fn: Callable[[Any], Any], noise: Any, i: Any) -> tuple:
         """One move of the rule at step ``i``: ``(new position, new rule state, gradient)``."""
-        hyper = call_kwargs(self.rule.step, self.hyperparameters_at(i))
+        hyper = self._rule_kwargs(self.rule.step, i)
         return self.rule.step(position, state, grad_fn, noise, self.step_size_at(i), **hyper)
 
     def _rule_step_recorded(
@@ -279,6 +298,7 @@ class Algorithm:
         """Record the warm-up of ``num_warmup`` draws (``steps_per_sample`` steps each); raise if it is too
         short for the algorithm, or set ``_start_warning`` for what a new chain should be told."""
         self._num_warmup_steps = int(num_warmup) * self._steps_per_sample
+        self._kwargs_cache = {}
         self._window_ends = None
         if self._adapt_mass and self._num_warmup_steps > 0:  # 0: a chain continued with its preconditioner
             try:
@@ -317,6 +337,7 @@ class Algorithm:
     def _check_target(self, target: Any) -> None:
         """Check the model's stochastic potential as soon as it is built, before anything is compiled,
         and ask it for what the rule needs from the gradient (``rule.NEEDS``)."""
+        self._kwargs_cache = {}
         if self.rule.NEEDS == "per_example":
             target.enable_per_example_scores()
 
