@@ -64,6 +64,53 @@ def first_step_size(value, kernel):
         )
 
 
+def mass_options(adapt_mass_matrix, dense_mass, tuned, can_adapt, reason, kernel):
+    """``(adapt_mass_matrix, dense_mass)`` resolved: the adaptation defaults to on when the step size is tuned
+    (``tuned``), which needs it; an algorithm that cannot adapt (``can_adapt`` false, for ``reason``) refuses it
+    and cannot tune its step size."""
+    if adapt_mass_matrix is not None:
+        adapt_mass_matrix = boolean("adapt_mass_matrix", adapt_mass_matrix, kernel)
+    dense_mass = boolean("dense_mass", dense_mass, kernel)
+    if not can_adapt:
+        if adapt_mass_matrix or dense_mass:
+            raise ValueError(
+                f"{kernel}: `adapt_mass_matrix`/`dense_mass` are not available: {reason} Use SGLD, SGHMC, SGNHT, "
+                "pSGLD, CSGLD or CSGHMC for an adapted preconditioner."
+            )
+        if tuned:
+            raise ValueError(f"{kernel}: give a `step_size`: the warm-up tunes step sizes in coordinates of an "
+                             f"adapted preconditioner, which {kernel} does not use ({reason})")
+        return False, False
+    if adapt_mass_matrix is None:
+        adapt_mass_matrix = tuned
+    if tuned and not adapt_mass_matrix:
+        raise ValueError(
+            f"{kernel}: the step size is tuned in the coordinates of the adapted preconditioner, whose curvature "
+            "sets its cap: leave adapt_mass_matrix on, or give a `step_size`."
+        )
+    if dense_mass and not adapt_mass_matrix:
+        raise ValueError(
+            f"{kernel}: `dense_mass=True` chooses the adapted preconditioner's form, but adapt_mass_matrix=False; "
+            "set adapt_mass_matrix=True (or leave the step size to the warm-up)."
+        )
+    return adapt_mass_matrix, dense_mass
+
+
+def find_mode(value, tuned, default_steps, kernel):
+    """The optimiser steps of ``find_mode``: ``None`` is ``default_steps`` when the step size is ``tuned`` and 0
+    otherwise, ``True``/``False`` are ``default_steps``/0, an integer is a number of steps."""
+    value = _number(value)
+    if value is None:
+        return default_steps if tuned else 0
+    if isinstance(value, (bool, np.bool_)):
+        return default_steps if value else 0
+    if not isinstance(value, Integral) or value < 0:
+        raise ValueError(
+            f"{kernel}: `find_mode` must be True, False or a number of optimiser steps (>= 0), got {value!r}."
+        )
+    return int(value)
+
+
 def schedule_or(check, name, value, kernel):
     """A schedule (a callable of the step index), or a value that passes ``check(name, value, kernel)``."""
     if callable(value):

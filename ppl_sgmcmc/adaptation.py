@@ -1,47 +1,57 @@
-"""Warm-up adaptation of a mass matrix (preconditioner), the backend-neutral pieces.
+"""Warm-up adaptation: the preconditioner (mass matrix) and the step size, backend-neutral.
 
-Stan's windowed adaptation (Carpenter et al., "Stan: A Probabilistic Programming Language", Journal of
-Statistical Software 76(1), 2017; the Stan Reference Manual, "HMC algorithm parameters", section
-"Automatic parameter tuning"), as NumPyro's ``numpyro/infer/hmc_util.py`` implements it
-(``build_adaptation_schedule``, ``welford_covariance``):
+SG-MCMC has no Metropolis test, so the warm-up cannot tune the step size for an acceptance rate as NUTS
+does. What it can measure is the stochastic gradient's noise (:mod:`ppl_sgmcmc.noise`): to first order in
+the step size ``h``, a rule's bias on a posterior of unit scale grows with the **noise ratio**
+``r = h max_k c_k V_kk / (2τ)``. The warm-up therefore
 
-* **the schedule** (:func:`adaptation_schedule`): the warm-up is cut into a fast initial buffer
-  (``init_buffer`` steps, the chain travels to the typical set; nothing is estimated), slow windows of
-  ``base_window``, ``2·base_window``, ``4·base_window``, ... steps (the last one stretched to the terminal
-  buffer), and a fast terminal buffer (``term_buffer`` steps). The chain's positions in each slow window
-  feed a Welford estimate of the posterior covariance ``Σ``; at the window's last step the preconditioner
-  becomes that estimate and the estimator restarts, so each window adapts under the previous window's
-  (better) preconditioner.
-* **the estimator** (:func:`welford_init`, :func:`welford_update`, :func:`welford_covariance`): Welford's
-  online mean and (co)variance, with Stan's shrinkage towards ``10⁻³ I``.
-* **the preconditioner** (:class:`Preconditioner`) as a linear change of variables ``θ = L u`` with
-  ``Σ = L Lᵀ``: any update rule of :mod:`ppl_sgmcmc.rules` run on ``u`` with the gradient
-  :func:`pullback_grad_fn` (``Lᵀ ∇_θ U``) and identity mass is the rule preconditioned by ``M⁻¹ = Σ`` in
-  ``θ``. For SGLD: ``u' = u - h Lᵀ∇U(θ) + sqrt(2h) ζ`` is ``θ' = θ - h Σ ∇U(θ) + sqrt(2h) L ζ``.
-* **one warm-up step** (:func:`adapt_step`): a pure function of an :class:`AdaptState`, with array
-  selects only, so that it runs inside ``jax.jit``, ``jax.vmap`` and ``lax.scan`` as well as on ``torch``
-  tensors.
+1. **starts at an approximate mode** (the backends' ``find_mode``: an optimiser on the same minibatch
+   potential, from the init strategy's point), where
+2. **a Laplace preconditioner** is built from the Hessian ``H`` of the potential (:func:`from_hessian`):
+   ``Σ = H⁻¹ = L Lᵀ``, dense or diagonal. The rule then runs in the coordinates ``u = L⁻¹ θ``, where the
+   posterior has roughly unit scale in every direction: for SGLD that is the Langevin dynamics
+   preconditioned by ``Σ``, for SGHMC/SGNHT the dynamics with mass matrix ``Σ⁻¹``; the target is
+   unchanged (:func:`pullback_grad_fn`).
+3. **chooses the step size from the measured noise** (:func:`tuned_step_size`): the largest ``h`` whose
+   noise ratio is the algorithm's target, capped for the discretisation by the curvature left in ``u``
+   (about 1 after a Laplace preconditioner). A short probe at the start (several minibatch gradients at
+   one point) gives the first value; each window of the warm-up re-estimates it from the noise the chain
+   measured.
+4. **refines the preconditioner from the warm-up's own draws** in windows (Stan's windowed adaptation:
+   Carpenter et al., "Stan: A Probabilistic Programming Language", Journal of Statistical Software 76(1),
+   2017; as NumPyro's ``numpyro/infer/hmc_util.py``): the variance of each coordinate of ``u`` over a slow
+   window rescales that coordinate (:func:`adapt_step`), so that a posterior that the Laplace approximation
+   got wrong (skewed, heavy-tailed) still ends with coordinates of unit scale. Consecutive SG-MCMC draws are
+   strongly correlated, so a window's estimate is shrunk towards the current scale by its effective sample
+   size, measured by batch means (:func:`window_variance`), and a coordinate the window did not explore
+   (fewer than :data:`MIN_EFFECTIVE` effective draws) keeps its scale. Only variances are estimated from
+   draws: a window holds far too few effective draws for a dense covariance; the Hessian carries the
+   correlations.
+
+After the warm-up the preconditioner and the step size are frozen: the chain is a fixed Markov kernel.
+
+* **the schedule** (:func:`adaptation_schedule`): an initial buffer, slow windows doubling in length, a
+  terminal buffer, as Stan's, with lengths proportional to the warm-up (15 %, 5 %, 10 %, 20 %, ..., 10 %)
+  since an SG-MCMC step moves the chain much less than a NUTS iteration;
+* **the estimator** (:class:`WindowMoments`, :func:`window_variance`): a window's moments in
+  :data:`BATCHES` consecutive batches, whose means give the effective sample size;
+* **the preconditioner** (:class:`Preconditioner`) as a linear change of variables ``θ = L u``
+  (:func:`to_u`, :func:`to_theta`, :func:`pullback_grad_fn`, :func:`rescale`);
+* **one warm-up step** (:func:`adapt_step`): a pure function of an :class:`AdaptState` with array selects
+  only, so that it runs inside ``jax.jit``, ``jax.vmap`` and ``lax.scan`` as well as on ``torch`` tensors.
 
 Everything is written once on the array-API subset shared by ``jax.numpy`` and ``torch`` (the namespace
 of the inputs, :func:`array_api_compat.array_namespace`), like the update rules.
 
-**Example** (a dense preconditioner estimated, inside ``jax.jit`` and ``lax.scan``, from 1000 draws of
-``N(0, Σ)``; the last slow window, 500 draws, sets it)::
+**Example** (a Laplace preconditioner of a correlated Gaussian: ``u`` has unit covariance)::
 
-    >>> import jax, jax.numpy as jnp
+    >>> import jax.numpy as jnp
     >>> from ppl_sgmcmc import adaptation as ad
-    >>> schedule = ad.adaptation_schedule(1000)
-    >>> schedule[1:-1]  # the slow windows
-    [(75, 100), (100, 150), (150, 250), (250, 450), (450, 950)]
-    >>> Sigma = jnp.array([[4.0, 1.8], [1.8, 1.0]])
-    >>> draws = jax.random.normal(jax.random.key(0), (1000, 2)) @ jnp.linalg.cholesky(Sigma).T
-    >>> ends = ad.window_ends(schedule, draws)
-    >>> def body(state, t):
-    ...     return ad.adapt_step(state, draws[t], t, ends, dense=True), None
-    >>> state, _ = jax.jit(lambda s: jax.lax.scan(body, s, jnp.arange(1000)))(ad.adapt_init(2, True, draws))
-    >>> L = state.preconditioner.scale
-    >>> [[round(v, 1) for v in row] for row in (L @ L.T).tolist()], int(state.window_index)
-    ([[4.2, 1.9], [1.9, 1.1]], 5)
+    >>> H = jnp.array([[4.0, 1.8], [1.8, 1.0]])  # the Hessian of U, the inverse covariance
+    >>> pre, curvature = ad.from_hessian(H, dense=True)
+    >>> L = pre.scale
+    >>> [[round(v, 3) for v in row] for row in (L.T @ H @ L).tolist()], round(float(curvature), 3)
+    ([[1.0, 0.0], [0.0, 1.0]], 1.0)
 """
 
 from __future__ import annotations
@@ -56,88 +66,93 @@ from ppl_sgmcmc.rules._types import Array
 __all__ = [
     "AdaptState",
     "Preconditioner",
-    "WelfordState",
+    "WindowMoments",
     "adapt_init",
     "adapt_step",
     "adaptation_schedule",
     "from_covariance",
+    "from_hessian",
     "identity",
     "minimum_warmup_steps",
+    "newton_step",
     "pullback_grad_fn",
+    "rescale",
     "to_theta",
     "to_u",
-    "welford_covariance",
-    "welford_init",
-    "welford_update",
+    "tuned_step_size",
     "window_ends",
+    "window_moments",
+    "window_variance",
 ]
 
-#: Stan's defaults (``adapt init_buffer``, ``adapt term_buffer``, ``adapt window``), also NumPyro's.
-INIT_BUFFER, TERM_BUFFER, BASE_WINDOW = 75, 50, 25
+#: The buffers and the first slow window as fractions of the warm-up (NumPyro's and Stan's proportions
+#: for short warm-ups: 15 %, 10 %, and a first window of 5 % here).
+INIT_BUFFER, TERM_BUFFER, BASE_WINDOW = 0.15, 0.1, 0.05
+#: The fewest steps of a window: shorter warm-ups are refused.
+MIN_WINDOW = 10
 
-#: Stan's regularisation of the estimated covariance: ``(n/(n+5)) Σ̂ + 10⁻³ (5/(n+5)) I``.
-SHRINKAGE_TARGET, SHRINKAGE_COUNT = 1e-3, 5
+#: A window's draws are split into this many consecutive batches (batch means give the effective sample size).
+BATCHES = 16
+#: A window's variance estimate with ``n_eff`` effective draws is shrunk towards the current scale as
+#: ``(n_eff v + SHRINKAGE) / (n_eff + SHRINKAGE)`` (Stan shrinks by its draw count with 5, towards 10⁻³).
+SHRINKAGE = 10
+#: Coordinates with fewer effective draws in a window keep their scale (a trend across the window gives
+#: about ``BATCHES`` by batch means, whatever its length).
+MIN_EFFECTIVE = 2 * BATCHES
+
+#: A window may rescale a coordinate of ``u`` by at most this factor (or its inverse): a window in which the
+#: chain did not explore a direction must not collapse it.
+MAX_RESCALE = 3.0
+
+#: Eigenvalues of a Hessian are floored at this fraction of the largest (float32 resolves about 10⁻⁷).
+HESSIAN_FLOOR = 1e-6
 
 
 # --- the schedule ----------------------------------------------------------------------------------------
-def minimum_warmup_steps(init_buffer: int = INIT_BUFFER, term_buffer: int = TERM_BUFFER,
-                         base_window: int = BASE_WINDOW) -> int:  # fmt: skip
-    """The smallest warm-up with one slow window: ``init_buffer + base_window + term_buffer``.
-
-    Stan (Reference Manual, "HMC algorithm parameters") and NumPyro's ``build_adaptation_schedule`` shrink
-    the buffers of a shorter warm-up to 15 % / 10 % of it; :func:`adaptation_schedule` refuses it instead.
+def minimum_warmup_steps() -> int:
+    """The shortest warm-up :func:`adaptation_schedule` accepts: its first slow window must hold
+    :data:`MIN_WINDOW` steps.
 
     **Example**::
 
         >>> from ppl_sgmcmc.adaptation import minimum_warmup_steps
-        >>> minimum_warmup_steps(), minimum_warmup_steps(init_buffer=10, term_buffer=5, base_window=5)
-        (150, 20)
+        >>> minimum_warmup_steps()
+        200
     """
-    return init_buffer + base_window + term_buffer
+    return round(MIN_WINDOW / BASE_WINDOW)
 
 
-def adaptation_schedule(num_steps: int, init_buffer: int = INIT_BUFFER, term_buffer: int = TERM_BUFFER,
-                        base_window: int = BASE_WINDOW) -> list[tuple[int, int]]:  # fmt: skip
-    """Stan's adaptation windows of a warm-up of ``num_steps`` steps, as half-open ``[start, end)`` ranges.
+def adaptation_schedule(num_steps: int) -> list[tuple[int, int]]:
+    """The adaptation windows of a warm-up of ``num_steps`` steps, as half-open ``[start, end)`` ranges.
 
-    The list is ``[initial buffer, slow window 1, ..., slow window k, terminal buffer]``: contiguous,
-    from ``0`` to ``num_steps``, ``k >= 1``. The slow windows have ``base_window``, ``2·base_window``, ...
-    steps; a window is stretched to the terminal buffer when the next, doubled, one would not fit before it
-    (Stan's ``windowed_adaptation::compute_next_window``). A buffer of size 0 appears as an empty range
-    ``(s, s)``, so that ``schedule[1:-1]`` are always the slow windows. The windows are those of NumPyro's
-    ``build_adaptation_schedule`` (``numpyro.infer.hmc_util``), whose ``AdaptWindow(start, end)`` is
-    inclusive: its ``(start, end)`` is this ``(start, end + 1)``.
+    The list is ``[initial buffer, slow window 1, ..., slow window k, terminal buffer]``: contiguous, from
+    ``0`` to ``num_steps``, ``k >= 1``. The buffers take 15 % and 10 % of the warm-up, the slow windows
+    double from 5 % (the last one stretched to the terminal buffer, as Stan's
+    ``windowed_adaptation::compute_next_window`` does).
 
     :param num_steps: the number of warm-up steps, at least :func:`minimum_warmup_steps`.
-    :param init_buffer: the fast initial buffer (Stan's ``init_buffer``, default 75).
-    :param term_buffer: the fast terminal buffer (Stan's ``term_buffer``, default 50).
-    :param base_window: the first slow window (Stan's ``window``, default 25).
-    :raises ValueError: for a warm-up too short for one slow window.
+    :raises ValueError: for a warm-up too short for the windows.
 
     **Example**::
 
         >>> from ppl_sgmcmc.adaptation import adaptation_schedule
         >>> adaptation_schedule(1000)
-        [(0, 75), (75, 100), (100, 150), (150, 250), (250, 450), (450, 950), (950, 1000)]
+        [(0, 150), (150, 200), (200, 300), (300, 500), (500, 900), (900, 1000)]
         >>> adaptation_schedule(100)
         Traceback (most recent call last):
             ...
-        ValueError: mass-matrix adaptation needs at least 150 warm-up steps (a 75-step initial buffer, ...
+        ValueError: the warm-up's adaptation needs at least 200 warm-up steps (windows of at least 10 steps), got 100; ...
     """
-    for name, value in (("init_buffer", init_buffer), ("term_buffer", term_buffer), ("base_window", base_window)):
-        if int(value) != value or value < (1 if name == "base_window" else 0):
-            kind = "a positive" if name == "base_window" else "a non-negative"
-            raise ValueError(f"adaptation_schedule: {name} must be {kind} integer, got {value!r}.")
-    minimum = minimum_warmup_steps(init_buffer, term_buffer, base_window)
+    minimum = minimum_warmup_steps()
     if num_steps < minimum:
         raise ValueError(
-            f"mass-matrix adaptation needs at least {minimum} warm-up steps (a {init_buffer}-step initial buffer, "
-            f"one {base_window}-step slow window and a {term_buffer}-step terminal buffer), got {num_steps}; "
-            "lengthen the warm-up or pass adapt_mass=False"
+            f"the warm-up's adaptation needs at least {minimum} warm-up steps (windows of at least {MIN_WINDOW} "
+            f"steps), got {num_steps}; lengthen the warm-up, or give a `step_size` and pass adapt_mass_matrix=False"
         )
+    init_buffer = round(INIT_BUFFER * num_steps)
+    term_start = num_steps - round(TERM_BUFFER * num_steps)
     windows = [(0, init_buffer)]
-    term_start = num_steps - term_buffer
-    start, size = init_buffer, base_window
+    start, size = init_buffer, round(BASE_WINDOW * num_steps)
     while start < term_start:
         if 3 * size <= term_start - start:  # the next (doubled) window still fits before the terminal buffer
             end, size = start + size, 2 * size
@@ -160,129 +175,106 @@ def window_ends(schedule: list[tuple[int, int]], like: Array) -> Array:
         >>> import torch
         >>> from ppl_sgmcmc.adaptation import adaptation_schedule, window_ends
         >>> window_ends(adaptation_schedule(200), torch.zeros(2))
-        tensor([ 75, 100, 150, 200], dtype=torch.int32)
+        tensor([ 30,  40,  60, 100, 180, 200], dtype=torch.int32)
     """
     xp = array_namespace(like)
     return xp.asarray([end for _, end in schedule], dtype=xp.int32, device=device(like))
 
 
-# --- Welford's estimator ---------------------------------------------------------------------------------
-class WelfordState(NamedTuple):
-    """Welford's running moments of the samples seen so far.
+# --- a window's variances -------------------------------------------------------------------------------
+class WindowMoments(NamedTuple):
+    """The moments of the positions ``u`` seen in a window, in :data:`BATCHES` consecutive batches.
 
-    - **count**: ``n``, an ``int32`` scalar.
-    - **mean**: the running mean, ``(d,)``.
-    - **m2**: the sum of squared deviations from the running mean, ``Σ_i (x_i - x̄)²`` (``(d,)``,
-      diagonal) or ``Σ_i (x_i - x̄)(x_i - x̄)ᵀ`` (``(d, d)``, dense).
+    - **counts**: the draws of each batch, ``(B,)``.
+    - **sums**: their sums, ``(B, d)``.
+    - **squares**: the sum of the squares of all draws, ``(d,)``.
 
     **Example**::
 
         >>> import jax.numpy as jnp
-        >>> from ppl_sgmcmc.adaptation import welford_init
-        >>> state = welford_init(3, dense=True, like=jnp.zeros(3))
-        >>> int(state.count), state.mean.shape, state.m2.shape
-        (0, (3,), (3, 3))
+        >>> from ppl_sgmcmc.adaptation import window_moments
+        >>> moments = window_moments(3, like=jnp.zeros(3))
+        >>> moments.counts.shape, moments.sums.shape, moments.squares.shape
+        ((16,), (16, 3), (3,))
     """
 
-    count: Array  # type: ignore[assignment]  # (shadows tuple.count)
-    mean: Array
-    m2: Array
+    counts: Array
+    sums: Array
+    squares: Array
 
 
-def welford_init(d: int, dense: bool, like: Array) -> WelfordState:
-    """The empty estimator for ``d``-dimensional samples: ``n = 0``, zero mean and ``m2`` (``(d, d)`` if
-    ``dense``, else ``(d,)``), of the dtype, device and namespace of ``like``.
-
-    **Example**::
-
-        >>> import torch
-        >>> from ppl_sgmcmc.adaptation import welford_init
-        >>> welford_init(2, dense=False, like=torch.zeros(1, dtype=torch.float64))
-        WelfordState(count=tensor(0, dtype=torch.int32), mean=tensor([0., 0.], dtype=torch.float64), m2=tensor([0., 0.], dtype=torch.float64))
-    """  # noqa: E501
+def window_moments(d: int, like: Array) -> WindowMoments:
+    """Empty moments of ``d``-dimensional draws, of the dtype, device and namespace of ``like``."""
     xp = array_namespace(like)
     dev = device(like)
-    return WelfordState(
-        count=xp.zeros((), dtype=xp.int32, device=dev),
-        mean=xp.zeros((d,), dtype=like.dtype, device=dev),
-        m2=xp.zeros((d, d) if dense else (d,), dtype=like.dtype, device=dev),
+    return WindowMoments(
+        xp.zeros((BATCHES,), dtype=like.dtype, device=dev),
+        xp.zeros((BATCHES, d), dtype=like.dtype, device=dev),
+        xp.zeros((d,), dtype=like.dtype, device=dev),
     )
 
 
-def welford_update(state: WelfordState, x: Array) -> WelfordState:
-    """Add the sample ``x`` (``(d,)``): ``n ← n + 1``, ``δ = x - x̄``, ``x̄ ← x̄ + δ/n``,
-    ``m2 ← m2 + (x - x̄) ⊙ δ`` (dense: ``+ (x - x̄) δᵀ``). Welford's method (Knuth, TAOCP vol. 2), as in
-    NumPyro's ``welford_covariance``.
+def _add(moments: WindowMoments, u: Array, batch: Array) -> WindowMoments:
+    """``moments`` with the draw ``u`` added to batch ``batch`` (an integer array)."""
+    xp = array_namespace(u)
+    one_hot = xp.astype(xp.arange(BATCHES, device=device(u)) == batch, u.dtype)
+    squares = xp.add(moments.squares, xp.multiply(u, u))
+    return WindowMoments(moments.counts + one_hot, moments.sums + one_hot[:, None] * u[None, :], squares)
 
-    **Example**::
 
-        >>> import jax.numpy as jnp
-        >>> from ppl_sgmcmc.adaptation import welford_init, welford_update
-        >>> state = welford_init(2, dense=False, like=jnp.zeros(2))
-        >>> for x in ([1.0, 2.0], [3.0, 6.0]):
-        ...     state = welford_update(state, jnp.array(x))
-        >>> int(state.count), state.mean.tolist(), state.m2.tolist()
-        (2, [2.0, 4.0], [2.0, 8.0])
+def window_variance(moments: WindowMoments) -> tuple[Array, Array]:
+    """The variance of each coordinate over a window and its effective sample size by batch means:
+    ``n_eff = B σ̂² / s²_m``, where ``s²_m`` is the variance of the ``B`` batch means (Geyer, "Practical Markov
+    Chain Monte Carlo", Statistical Science 1992: a batch mean's variance is ``τ σ² / b`` for batches of ``b``
+    draws and integrated autocorrelation time ``τ``), capped at the number of draws.
+
+    **Example** (independent draws: ``n_eff`` near their number; a slow trend: about ``B``)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from ppl_sgmcmc import adaptation as ad
+        >>> def moments_of(draws):
+        ...     moments = ad.window_moments(1, like=draws)
+        ...     for t in range(draws.shape[0]):
+        ...         moments = ad._add(moments, draws[t], jnp.array(t * ad.BATCHES // draws.shape[0]))
+        ...     return moments
+        >>> var, n_eff = ad.window_variance(moments_of(jax.random.normal(jax.random.key(0), (800, 1))))
+        >>> abs(float(var[0]) - 1) < 0.15, float(n_eff[0]) > 300
+        (True, True)
+        >>> var, n_eff = ad.window_variance(moments_of(jnp.linspace(-1, 1, 800)[:, None]))
+        >>> round(float(n_eff[0]))
+        15
     """
-    xp = array_namespace(x, state.mean)
-    count = state.count + 1
-    delta = xp.subtract(x, state.mean)
-    mean = state.mean + delta / xp.astype(count, state.mean.dtype)
-    after = x - mean
-    m2 = state.m2 + (after * delta if state.m2.ndim == 1 else after[:, None] * delta[None, :])
-    return WelfordState(count, mean, m2)
-
-
-def welford_covariance(state: WelfordState, regularize: bool = True) -> Array:
-    """The sample (co)variance ``Σ̂ = m2 / (n - 1)`` of the samples added, shrunk as Stan does when
-    ``regularize``: ``(n/(n+5)) Σ̂ + 10⁻³ (5/(n+5)) I`` (diagonal estimate: the same, entrywise).
-
-    Stan's ``diag_e_adaptation`` / ``dense_e_adaptation`` (Carpenter et al. 2017), NumPyro's
-    ``welford_covariance(...)[2](state, regularize=True)``. With ``n <= 1`` samples ``Σ̂`` is taken as 0
-    (not ``0/0``), so the regularised estimate is ``10⁻³ (5/(n+5)) I``: a positive-definite matrix at every
-    step, which :func:`adapt_step` relies on.
-
-    **Example** (the samples ``[1, 2]`` and ``[3, 6]``: variances 2 and 8)::
-
-        >>> import jax.numpy as jnp
-        >>> from ppl_sgmcmc.adaptation import welford_covariance, welford_init, welford_update
-        >>> state = welford_init(2, dense=True, like=jnp.zeros(2))
-        >>> for x in ([1.0, 2.0], [3.0, 6.0]):
-        ...     state = welford_update(state, jnp.array(x))
-        >>> welford_covariance(state, regularize=False).tolist()
-        [[2.0, 4.0], [4.0, 8.0]]
-        >>> [[round(v, 4) for v in row] for row in welford_covariance(state).tolist()]  # (2/7) Σ̂ + 10⁻³ (5/7) I
-        [[0.5721, 1.1429], [1.1429, 2.2864]]
-    """
-    xp = array_namespace(state.mean)
-    n = xp.astype(state.count, state.mean.dtype)
-    cov = state.m2 / xp.maximum(n - 1, xp.ones_like(n))
-    if not regularize:
-        return cov
-    shrunk = (n / (n + SHRINKAGE_COUNT)) * cov
-    shrinkage = SHRINKAGE_TARGET * SHRINKAGE_COUNT / (n + SHRINKAGE_COUNT)
-    if cov.ndim == 1:
-        return shrunk + shrinkage
-    d = cov.shape[0]
-    return shrunk + shrinkage * xp.eye(d, dtype=cov.dtype, device=device(cov))
+    xp = array_namespace(moments.sums)
+    counts = moments.counts
+    n = xp.sum(counts)
+    mean = xp.sum(moments.sums, axis=0) / n
+    variance = xp.maximum(moments.squares / n - mean * mean, xp.zeros_like(mean))
+    filled = counts > 0
+    batch_means = moments.sums / xp.where(filled, counts, xp.ones_like(counts))[:, None]
+    num_batches = xp.sum(xp.astype(filled, counts.dtype))
+    spread = xp.sum(xp.where(filled[:, None], (batch_means - mean[None, :]) ** 2, xp.zeros_like(batch_means)), axis=0)
+    spread = spread / xp.maximum(num_batches - 1, xp.ones_like(num_batches))
+    n_eff = num_batches * variance / xp.where(spread > 0, spread, xp.ones_like(spread))
+    return variance, xp.where(spread > 0, xp.minimum(n_eff, n), n)
 
 
 # --- the preconditioner as a change of variables -------------------------------------------------------
 class Preconditioner(NamedTuple):
     """The linear change of variables ``θ = L u``, ``L Lᵀ = Σ`` (the inverse mass matrix ``M⁻¹``).
 
-    - **scale**: ``L``: the ``(d, d)`` lower Cholesky factor of ``Σ`` (dense) or the ``(d,)`` standard
-      deviations ``sqrt(diag Σ)`` (diagonal, ``L = diag(scale)``).
+    - **scale**: ``L``: a ``(d, d)`` matrix (dense) or the ``(d,)`` diagonal of ``L`` (diagonal).
+    - **inverse**: ``L⁻¹``, of the same form, kept so that no step solves a linear system.
 
     **Example**::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc.adaptation import Preconditioner, to_theta
-        >>> to_theta(Preconditioner(scale=jnp.array([2.0, 0.5])), jnp.array([1.0, 1.0])).tolist()
+        >>> to_theta(Preconditioner(scale=jnp.array([2.0, 0.5]), inverse=jnp.array([0.5, 2.0])), jnp.ones(2)).tolist()
         [2.0, 0.5]
     """
 
     scale: Array
+    inverse: Array
 
 
 def identity(d: int, dense: bool, like: Array) -> Preconditioner:
@@ -298,9 +290,8 @@ def identity(d: int, dense: bool, like: Array) -> Preconditioner:
     """
     xp = array_namespace(like)
     dev = device(like)
-    if dense:
-        return Preconditioner(xp.eye(d, dtype=like.dtype, device=dev))
-    return Preconditioner(xp.ones((d,), dtype=like.dtype, device=dev))
+    one = xp.eye(d, dtype=like.dtype, device=dev) if dense else xp.ones((d,), dtype=like.dtype, device=dev)
+    return Preconditioner(one, one)
 
 
 def _cholesky(xp: Any, A: Array) -> Array:
@@ -313,19 +304,20 @@ def _cholesky(xp: Any, A: Array) -> Array:
     return xp.linalg.cholesky(A)  # jax.numpy: NaN where not positive definite
 
 
-def _solve_lower(xp: Any, L: Any, b: Any) -> Any:
-    """``x`` with ``L x = b``, ``L`` lower triangular, ``b`` a vector."""
+def _inverse_lower(xp: Any, L: Any) -> Any:
+    """``L⁻¹`` of a lower triangular ``L``."""
+    eye = xp.eye(L.shape[0], dtype=L.dtype, device=device(L))
     if is_torch_namespace(xp):
-        return xp.linalg.solve_triangular(L, b[:, None], upper=False)[:, 0]
+        return xp.linalg.solve_triangular(L, eye, upper=False)
     if is_jax_namespace(xp):
         from jax.scipy.linalg import solve_triangular
 
-        return solve_triangular(L, b, lower=True)
+        return solve_triangular(L, eye, lower=True)
     if is_numpy_namespace(xp):
         from scipy.linalg import solve_triangular as scipy_solve_triangular
 
-        return scipy_solve_triangular(L, b, lower=True)
-    return xp.linalg.solve(L, b)  # any other array-API namespace
+        return scipy_solve_triangular(L, eye, lower=True)
+    return xp.linalg.solve(L, eye)  # any other array-API namespace
 
 
 def from_covariance(cov: Array) -> Preconditioner:
@@ -333,36 +325,108 @@ def from_covariance(cov: Array) -> Preconditioner:
     sqrt(σ²)`` for a ``(d,)`` vector of variances. A ``Σ`` that is not positive definite gives NaN entries
     (on ``torch`` as on ``jax``; no exception).
 
-    NumPyro's ``welford_covariance`` final function returns the same factor of ``Σ`` (as ``tril_inv``, for
-    its momentum ``p ~ N(0, M)``); here it is the map from ``u`` to ``θ``.
-
     **Example**::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc.adaptation import from_covariance
-        >>> from_covariance(jnp.array([[4.0, 2.0], [2.0, 2.0]])).scale.tolist()
-        [[2.0, 0.0], [1.0, 1.0]]
+        >>> pre = from_covariance(jnp.array([[4.0, 2.0], [2.0, 2.0]]))
+        >>> pre.scale.tolist(), pre.inverse.tolist()
+        ([[2.0, 0.0], [1.0, 1.0]], [[0.5, 0.0], [-0.5, 1.0]])
         >>> from_covariance(jnp.array([4.0, 0.25])).scale.tolist()
         [2.0, 0.5]
     """
     xp = array_namespace(cov)
-    return Preconditioner(_cholesky(xp, cov) if cov.ndim == 2 else xp.sqrt(cov))
+    if cov.ndim == 1:
+        scale = xp.sqrt(cov)
+        return Preconditioner(scale, 1 / scale)
+    L = _cholesky(xp, cov)
+    return Preconditioner(L, _inverse_lower(xp, L))
+
+
+def from_hessian(hessian: Array, dense: bool) -> tuple[Preconditioner, Array]:
+    """The Laplace preconditioner of a Hessian ``H`` of the potential (the approximate posterior precision),
+    and the curvature left in the coordinates ``u``: the largest eigenvalue of ``Lᵀ H L``.
+
+    * ``dense``: with ``H = Q diag(λ) Qᵀ``, ``L = Q diag(λ')^(-1/2)`` and ``L⁻¹ = diag(λ')^(1/2) Qᵀ``, where
+      ``λ' = max(|λ|, floor)``: negative curvature (a saddle, a point short of the mode) is taken by its
+      magnitude and tiny eigenvalues are floored at :data:`HESSIAN_FLOOR` of the largest. ``u`` then has
+      unit curvature in every direction.
+    * diagonal: ``L = diag(h')^(-1/2)`` with ``h' = max(|H_kk|, floor)`` (Jacobi's scaling: the diagonal of
+      ``Lᵀ H L`` is 1). ``hessian`` may be the ``(d, d)`` matrix or only its ``(d,)`` diagonal, in which case
+      the curvature is returned as NaN (unknown; see the backends' power iteration).
+
+    **Example** (a diagonal preconditioner of a correlated Gaussian: the curvature left is ``1 + |ρ|``)::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.adaptation import from_hessian
+        >>> pre, curvature = from_hessian(jnp.array([[4.0, 1.8], [1.8, 1.0]]), dense=False)
+        >>> pre.scale.tolist(), round(float(curvature), 3)
+        ([0.5, 1.0], 1.9)
+    """
+    xp = array_namespace(hessian)
+    if hessian.ndim == 2:
+        hessian = xp.add(hessian, hessian.T) / 2
+    if dense:
+        if hessian.ndim != 2:
+            raise ValueError(f"from_hessian: a dense preconditioner needs the (d, d) Hessian, got shape {hessian.shape}.")
+        eigenvalues, Q = xp.linalg.eigh(hessian)
+        magnitude = xp.abs(eigenvalues)
+        floored = xp.maximum(magnitude, HESSIAN_FLOOR * xp.max(magnitude))
+        pre = Preconditioner(Q * (floored ** -0.5)[None, :], (floored**0.5)[:, None] * Q.T)
+        return pre, xp.max(magnitude / floored)
+    diagonal = xp.linalg.diagonal(hessian) if hessian.ndim == 2 else hessian
+    magnitude = xp.abs(diagonal)
+    floored = xp.maximum(magnitude, HESSIAN_FLOOR * xp.max(magnitude))
+    scale = floored**-0.5
+    pre = Preconditioner(scale, floored**0.5)
+    if hessian.ndim == 1:
+        return pre, xp.asarray(float("nan"), dtype=hessian.dtype, device=device(hessian))
+    return pre, xp.max(xp.abs(xp.linalg.eigvalsh(scale[:, None] * hessian * scale[None, :])))
+
+
+#: A Newton step of :func:`newton_step` moves at most this many times ``sqrt(d)`` posterior standard deviations.
+NEWTON_RADIUS = 10.0
+
+
+def newton_step(theta: Array, hessian: Array, gradient: Array) -> Array:
+    """One Newton step ``θ - H'⁻¹ g`` with the regularised Hessian ``H'`` of :func:`from_hessian` (dense):
+    from a point near a mode, the mode of the Laplace approximation. The step is shortened to at most
+    :data:`NEWTON_RADIUS` ``sqrt(d)`` in the whitened coordinates of ``H'`` (the typical set of a Gaussian lies
+    at about ``sqrt(d)``), and skipped if it is not finite.
+
+    **Example** (a Gaussian's mode from anywhere, in one step)::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.adaptation import newton_step
+        >>> H, mode = jnp.array([[4.0, 1.8], [1.8, 1.0]]), jnp.array([1.0, -2.0])
+        >>> theta = jnp.array([3.0, 0.5])
+        >>> [round(v, 4) for v in newton_step(theta, H, H @ (theta - mode)).tolist()]
+        [1.0, -2.0]
+    """
+    xp = array_namespace(theta, hessian)
+    pre, _ = from_hessian(hessian, dense=True)
+    whitened = _pull(pre, gradient)  # Lᵀ g, the step's length in the whitened coordinates
+    length = xp.sqrt(xp.sum(xp.multiply(whitened, whitened)))
+    limit = NEWTON_RADIUS * theta.shape[0] ** 0.5
+    shrink = xp.where(length > limit, limit / length, xp.ones_like(length))
+    step = to_theta(pre, whitened) * shrink
+    return xp.where(xp.all(xp.isfinite(step)), theta - step, theta)
 
 
 def to_u(pre: Preconditioner, theta: Array) -> Array:
-    """``u = L⁻¹ θ`` (a triangular solve for a dense ``L``, ``θ / scale`` for a diagonal one).
+    """``u = L⁻¹ θ`` (``θ ⊙ L⁻¹`` for a diagonal ``L``).
 
     **Example**::
 
         >>> import torch
-        >>> from ppl_sgmcmc.adaptation import Preconditioner, to_u
-        >>> to_u(Preconditioner(torch.tensor([[2.0, 0.0], [1.0, 1.0]])), torch.tensor([2.0, 3.0]))
+        >>> from ppl_sgmcmc.adaptation import from_covariance, to_u
+        >>> to_u(from_covariance(torch.tensor([[4.0, 2.0], [2.0, 2.0]])), torch.tensor([2.0, 3.0]))
         tensor([1., 2.])
     """
-    xp = array_namespace(theta, pre.scale)
-    if pre.scale.ndim == 1:
-        return xp.divide(theta, pre.scale)
-    return _solve_lower(xp, pre.scale, theta)
+    xp = array_namespace(theta, pre.inverse)
+    if pre.inverse.ndim == 1:
+        return xp.multiply(pre.inverse, theta)
+    return xp.matmul(pre.inverse, theta)
 
 
 def to_theta(pre: Preconditioner, u: Array) -> Array:
@@ -371,14 +435,31 @@ def to_theta(pre: Preconditioner, u: Array) -> Array:
     **Example**::
 
         >>> import jax.numpy as jnp
-        >>> from ppl_sgmcmc.adaptation import Preconditioner, to_theta
-        >>> to_theta(Preconditioner(jnp.array([[2.0, 0.0], [1.0, 1.0]])), jnp.array([1.0, 2.0])).tolist()
+        >>> from ppl_sgmcmc.adaptation import from_covariance, to_theta
+        >>> to_theta(from_covariance(jnp.array([[4.0, 2.0], [2.0, 2.0]])), jnp.array([1.0, 2.0])).tolist()
         [2.0, 3.0]
     """
     xp = array_namespace(u, pre.scale)
     if pre.scale.ndim == 1:
         return xp.multiply(pre.scale, u)
     return xp.matmul(pre.scale, u)
+
+
+def rescale(pre: Preconditioner, factor: Array) -> Preconditioner:
+    """``L diag(factor)``: the coordinate ``u_k`` stretched by ``factor_k`` (``u' = u ⊘ factor``).
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.adaptation import identity, rescale
+        >>> pre = rescale(identity(2, dense=True, like=jnp.zeros(1)), jnp.array([2.0, 0.5]))
+        >>> pre.scale.tolist(), pre.inverse.tolist()
+        ([[2.0, 0.0], [0.0, 0.5]], [[0.5, 0.0], [0.0, 2.0]])
+    """
+    xp = array_namespace(pre.scale, factor)
+    if pre.scale.ndim == 1:
+        return Preconditioner(xp.multiply(pre.scale, factor), xp.divide(pre.inverse, factor))
+    return Preconditioner(xp.multiply(pre.scale, factor[None, :]), xp.divide(pre.inverse, factor[:, None]))
 
 
 def _pull(pre: Preconditioner, g: Array) -> Array:
@@ -404,11 +485,11 @@ def pullback_grad_fn(pre: Preconditioner, grad_fn: Any) -> Any:
     **Example** (``U(θ) = |θ|²/2``, ``L = diag(2, 0.5)``: at ``u = (1, 1)``, ``θ = (2, 0.5)``, ``Lᵀθ = (4, 0.25)``)::
 
         >>> import jax.numpy as jnp
-        >>> from ppl_sgmcmc.adaptation import Preconditioner, pullback_grad_fn
+        >>> from ppl_sgmcmc.adaptation import from_covariance, pullback_grad_fn
         >>> from ppl_sgmcmc.rules import StochasticGradient
         >>> def grad_fn(theta):
         ...     return StochasticGradient(energy=(theta * theta).sum() / 2, grad=theta, score=-theta)
-        >>> g = pullback_grad_fn(Preconditioner(jnp.array([2.0, 0.5])), grad_fn)(jnp.ones(2))
+        >>> g = pullback_grad_fn(from_covariance(jnp.array([4.0, 0.25])), grad_fn)(jnp.ones(2))
         >>> float(g.energy), g.grad.tolist(), g.score.tolist(), g.per_example
         (2.125, [4.0, 0.25], [-4.0, -0.25], None)
     """  # noqa: E501
@@ -422,42 +503,81 @@ def pullback_grad_fn(pre: Preconditioner, grad_fn: Any) -> Any:
     return grad_fn_u
 
 
+# --- the step size -----------------------------------------------------------------------------------------
+def tuned_step_size(noise_variance: Array, target: Any, temperature: Any, max_step_size: Any) -> Array:
+    """The step size whose noise ratio (:func:`ppl_sgmcmc.noise.ratio`) is ``target``, capped at
+    ``max_step_size``: ``h = min(2 τ target / max_k v_k, h_max)`` for the measured ``v = c ⊙ diag V``
+    (``h_max`` where no noise was measured).
+
+    **Example** (``max v = 400``: ``h = 2 · 0.1 / 400``; without noise, the cap)::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.adaptation import tuned_step_size
+        >>> round(float(tuned_step_size(jnp.array([100.0, 400.0]), 0.1, 1.0, 0.2)), 6)
+        0.0005
+        >>> round(float(tuned_step_size(jnp.zeros(2), 0.1, 1.0, 0.2)), 6)
+        0.2
+    """
+    xp = array_namespace(noise_variance)
+    largest = xp.max(noise_variance)
+    h = 2 * temperature * target / xp.where(largest > 0, largest, xp.ones_like(largest))
+    return xp.where((largest > 0) & (h < max_step_size), h, xp.asarray(max_step_size, dtype=largest.dtype))
+
+
 # --- one warm-up step ------------------------------------------------------------------------------------
 class AdaptState(NamedTuple):
     """The warm-up adaptation state carried by a chain.
 
-    - **welford**: the :class:`WelfordState` of the current slow window.
-    - **preconditioner**: the :class:`Preconditioner` in force (identity until the first slow window ends).
-    - **window_index**: the number of slow windows completed so far (``int32`` scalar): it changes exactly
-      when the preconditioner is replaced, so a kernel can tell when to re-express its position ``u``.
+    - **preconditioner**: the :class:`Preconditioner` in force (frozen after the warm-up).
+    - **step_size**: the tuned step size ``h`` in force (frozen after the warm-up; unused when the step size
+      was given).
+    - **curvature**: the largest curvature of the potential in the coordinates ``u`` (about 1 after a Laplace
+      preconditioner), which caps the step size.
+    - **moments**: the :class:`WindowMoments` of ``u`` over the current slow window.
+    - **noise_sum**, **noise_count**: the sum of :func:`ppl_sgmcmc.noise.update`'s terms since the step size
+      was last set, and their number.
+    - **window_index**: the number of windows closed so far (``int32`` scalar).
 
     **Example**::
 
         >>> import jax.numpy as jnp
-        >>> from ppl_sgmcmc.adaptation import adapt_init
-        >>> state = adapt_init(2, dense=False, like=jnp.zeros(2))
-        >>> state.preconditioner.scale.tolist(), int(state.window_index)
-        ([1.0, 1.0], 0)
+        >>> from ppl_sgmcmc.adaptation import adapt_init, identity
+        >>> state = adapt_init(identity(2, dense=False, like=jnp.zeros(2)), 0.1, 1.0)
+        >>> state.preconditioner.scale.tolist(), round(float(state.step_size), 6), int(state.window_index)
+        ([1.0, 1.0], 0.1, 0)
     """
 
-    welford: WelfordState
     preconditioner: Preconditioner
+    step_size: Array
+    curvature: Array
+    moments: WindowMoments
+    noise_sum: Array
+    noise_count: Array
     window_index: Array
 
 
-def adapt_init(d: int, dense: bool, like: Array) -> AdaptState:
-    """The state before warm-up: an empty estimator, the identity preconditioner, no window completed.
+def adapt_init(preconditioner: Preconditioner, step_size: Any, curvature: Any) -> AdaptState:
+    """The state at the start of the warm-up: the preconditioner, step size and curvature of the chain's
+    start, an empty estimator and noise sum, no window closed.
 
     **Example**::
 
         >>> import torch
-        >>> from ppl_sgmcmc.adaptation import adapt_init
-        >>> adapt_init(2, dense=True, like=torch.zeros(1)).welford.m2.shape
-        torch.Size([2, 2])
+        >>> from ppl_sgmcmc.adaptation import adapt_init, identity
+        >>> adapt_init(identity(2, dense=True, like=torch.zeros(1)), 0.1, 1.0).moments.squares.shape
+        torch.Size([2])
     """
+    like = preconditioner.inverse
     xp = array_namespace(like)
+    d, dev = like.shape[0], device(like)
     return AdaptState(
-        welford_init(d, dense, like), identity(d, dense, like), xp.zeros((), dtype=xp.int32, device=device(like))
+        preconditioner,
+        xp.asarray(step_size, dtype=like.dtype, device=dev),
+        xp.asarray(curvature, dtype=like.dtype, device=dev),
+        window_moments(d, like),
+        xp.zeros((d,), dtype=like.dtype, device=dev),
+        xp.zeros((), dtype=xp.int32, device=dev),
+        xp.zeros((), dtype=xp.int32, device=dev),
     )
 
 
@@ -467,56 +587,105 @@ def _select(condition: Array, new: Any, old: Any) -> Any:
     return type(old)(*(xp.where(condition, a, b) for a, b in zip(new, old)))
 
 
-def adapt_step(state: AdaptState, theta: Array, step_index: Any, schedule_ends: Array, dense: bool) -> AdaptState:
-    """Feed the warm-up position ``θ`` of step ``step_index`` (0-based) to Stan's windowed adaptation.
+def adapt_step(
+    state: AdaptState,
+    u: Array,
+    noise_term: Array,
+    noise_valid: Any,
+    step_index: Any,
+    schedule_ends: Array,
+    *,
+    adapt_mass: bool,
+    tune_step_size: bool,
+    target: Any,
+    temperature: Any,
+    max_step_size: Any,
+) -> tuple[AdaptState, Array]:
+    """Feed the warm-up step ``step_index`` (0-based) to the adaptation: the position ``u`` it reached (in
+    the current coordinates) and its noise term (:func:`ppl_sgmcmc.noise.update`).
 
     With ``schedule_ends = [e_0, ..., e_k, e_{k+1}]`` (:func:`window_ends` of :func:`adaptation_schedule`):
 
-    * inside a slow window (``e_0 <= step_index < e_k``), ``θ`` is added to the Welford estimate;
-    * at the last step of slow window ``j`` (``step_index + 1 == e_j``, ``1 <= j <= k``) the preconditioner
-      becomes :func:`from_covariance` of the regularised :func:`welford_covariance` (if its factor is
-      finite; otherwise the previous one is kept), the estimator restarts empty, ``window_index`` grows by 1;
-    * in the buffers and after warm-up (``step_index >= e_{k+1}``) the state is returned unchanged.
+    * inside a slow window (``e_0 <= step_index < e_k``), ``u`` is added to the window's moments (batch ``b``
+      of :data:`BATCHES` equal parts of the window); while ``step_index < e_{k+1}`` a valid noise term is
+      added to the noise sum;
+    * at the last step of slow window ``j`` (``step_index + 1 == e_j``, ``1 <= j <= k``) with ``adapt_mass``,
+      each coordinate with at least :data:`MIN_EFFECTIVE` effective draws is rescaled by the square root of
+      its variance in the window shrunk towards 1, ``(n_eff v + 10)/(n_eff + 10)`` (clipped to ``[1/3, 3]``;
+      the preconditioner becomes :func:`rescale` of it), and the moments restart;
+    * at the end of every window and buffer (``step_index + 1 == e_j``, ``0 <= j <= k + 1``) with
+      ``tune_step_size``, the step size becomes :func:`tuned_step_size` of the noise measured since the last
+      change (in the new coordinates), capped at ``max_step_size`` (divided by the new curvature, which a
+      rescaling changes), and the noise sum restarts;
+    * after the warm-up (``step_index >= e_{k+1}``) the state is returned unchanged.
 
-    Stan (Carpenter et al. 2017; Reference Manual, "HMC algorithm parameters") and NumPyro's
-    ``warmup_adapter`` (``numpyro.infer.hmc_util``) do the same with Python or ``lax.cond`` branches; this
-    function uses array selects only (``xp.where``), so it traces under ``jax.jit``, ``jax.vmap`` and
-    ``lax.scan`` and runs unchanged on ``torch``. Its price: the covariance and its Cholesky factor are
-    computed at every call and discarded except at window ends.
+    Array selects only (``xp.where``), so it traces under ``jax.jit``, ``jax.vmap`` and ``lax.scan`` and
+    runs unchanged on ``torch``; each call costs ``O(d)`` (``O(d²)`` at a rescaling of a dense ``L``).
 
     :param state: the :class:`AdaptState`.
-    :param theta: the chain's position ``θ`` (``(d,)``; not ``u``).
+    :param u: the chain's position in the current coordinates ``u = L⁻¹ θ``, ``(d,)``.
+    :param noise_term: this step's term of :func:`ppl_sgmcmc.noise.update` (``(d,)``).
+    :param noise_valid: whether that term measured the noise (a previous gradient existed, the step was
+        accepted).
     :param step_index: the 0-based warm-up step (a Python int or an integer scalar array).
     :param schedule_ends: the ``int`` array of :func:`window_ends`.
-    :param dense: whether the state is dense (``(d, d)``) or diagonal (``(d,)``); must match ``state``.
-    :return: the new :class:`AdaptState`. A kernel that steps ``u = L⁻¹ θ`` must re-express its position
-        (``u ← to_u(new, to_theta(old, u))``) when ``window_index`` changes.
+    :param adapt_mass: whether the preconditioner adapts; ``tune_step_size``: whether the step size does.
+    :param target: the noise ratio the step size aims at; ``temperature``: ``τ``.
+    :param max_step_size: the step size's cap at curvature 1.
+    :return: ``(new state, factor)``: ``factor`` is the rescaling of ``u``'s coordinates this step applied
+        (ones unless a window closed with ``adapt_mass``); a kernel re-expresses what it keeps in ``u``
+        (the noise estimate, a momentum) when it is not all ones.
 
-    **Example** (a warm-up of 150 steps: one slow window, steps 75 to 99)::
+    **Example** (independent draws with variances 4 and 1/4: at the end of the first slow window, 50 steps,
+    the scales become about 2 and 1/2, shrunk a little towards 1)::
 
         >>> import jax, jax.numpy as jnp
-        >>> from ppl_sgmcmc.adaptation import adapt_init, adapt_step, adaptation_schedule, window_ends
-        >>> draws = jnp.stack([jnp.arange(150.0), jnp.ones(150)], axis=1)  # θ_t = (t, 1)
-        >>> ends = window_ends(adaptation_schedule(150), draws)
-        >>> step = jax.jit(adapt_step, static_argnames="dense")
-        >>> state = adapt_init(2, dense=False, like=draws)
-        >>> for t in range(150):
-        ...     state = step(state, draws[t], t, ends, dense=False)
-        >>> # sqrt((25/30) var(75, ..., 99) + 10⁻³/6) with var = 1300/24 (ddof=1), and sqrt(10⁻³/6)
-        >>> [round(v, 4) for v in state.preconditioner.scale.tolist()], int(state.window_index)
-        ([6.7186, 0.0129], 1)
+        >>> from ppl_sgmcmc import adaptation as ad
+        >>> ends = ad.window_ends(ad.adaptation_schedule(1000), jnp.zeros(2))
+        >>> state = ad.adapt_init(ad.identity(2, dense=False, like=jnp.zeros(2)), 0.1, 1.0)
+        >>> draws = jax.random.normal(jax.random.key(0), (200, 2)) * jnp.array([2.0, 0.5])
+        >>> step = jax.jit(ad.adapt_step, static_argnames=("adapt_mass", "tune_step_size"))
+        >>> for t in range(200):  # the initial buffer and the first slow window (steps 150 to 199)
+        ...     u = ad.to_u(state.preconditioner, draws[t])
+        ...     state, factor = step(state, u, jnp.zeros(2), False, t, ends, adapt_mass=True, tune_step_size=False,
+        ...                          target=0.1, temperature=1.0, max_step_size=0.2)
+        >>> [round(v, 1) for v in state.preconditioner.scale.tolist()], int(state.window_index)
+        ([1.6, 0.7], 2)
     """  # noqa: E501
-    if (state.welford.m2.ndim == 2) != dense:
-        shape = tuple(state.welford.m2.shape)
-        raise ValueError(f"adapt_step: dense={dense} does not match the state's m2 of shape {shape}.")
-    xp = array_namespace(theta, schedule_ends)
+    xp = array_namespace(u, schedule_ends)
+    dtype = u.dtype
+    in_warmup = step_index < schedule_ends[-1]
     inside = (step_index >= schedule_ends[0]) & (step_index < schedule_ends[-2])
-    closes = xp.any(schedule_ends[1:-1] == step_index + 1)
-    welford = _select(inside, welford_update(state.welford, theta), state.welford)
-    new = from_covariance(welford_covariance(welford, regularize=True))
-    replace = closes & xp.all(xp.isfinite(new.scale))
-    preconditioner = _select(replace, new, state.preconditioner)
-    empty = welford_init(theta.shape[0], dense, theta)
-    welford = _select(closes, empty, welford)
+    # the slow window holding the step, and the batch of it
+    window = xp.sum(xp.astype(schedule_ends[:-1] <= step_index, xp.int32))
+    last = schedule_ends.shape[0] - 1
+    start = xp.take(schedule_ends, xp.clip(window - 1, 0, last))
+    length = xp.take(schedule_ends, xp.clip(window, 0, last)) - start
+    batch = xp.clip((step_index - start) * BATCHES // xp.maximum(length, xp.ones_like(length)), 0, BATCHES - 1)
+    moments = _select(inside, _add(state.moments, u, batch), state.moments)
+    valid = in_warmup & noise_valid
+    noise_sum = xp.where(valid, xp.add(state.noise_sum, noise_term), state.noise_sum)
+    noise_count = state.noise_count + xp.astype(valid, state.noise_count.dtype)
+    closes = in_warmup & xp.any(schedule_ends == step_index + 1)
+    closes_slow = xp.any(schedule_ends[1:-1] == step_index + 1)
+    one = xp.ones_like(u)
+    factor = one
+    preconditioner, curvature = state.preconditioner, state.curvature
+    if adapt_mass:
+        variance, n_eff = window_variance(moments)
+        shrunk = (xp.multiply(n_eff, variance) + SHRINKAGE) / (n_eff + SHRINKAGE)
+        proposed = xp.clip(xp.sqrt(shrunk), 1 / MAX_RESCALE, MAX_RESCALE)
+        use = closes_slow & (n_eff >= MIN_EFFECTIVE) & xp.isfinite(proposed)
+        factor = xp.where(use, proposed, one)
+        preconditioner = _select(xp.any(use), rescale(preconditioner, factor), preconditioner)
+        curvature = curvature * xp.max(factor) ** 2
+        moments = _select(closes_slow, window_moments(u.shape[0], u), moments)
+    step_size = state.step_size
+    if tune_step_size:
+        measured = noise_sum / xp.astype(xp.maximum(noise_count, xp.ones_like(noise_count)), dtype) * factor**2
+        tuned = tuned_step_size(measured, target, temperature, max_step_size / curvature)
+        step_size = xp.where(closes & (noise_count > 0), tuned, step_size)
+    noise_sum = xp.where(closes, xp.zeros_like(noise_sum), noise_sum)
+    noise_count = xp.where(closes, xp.zeros_like(noise_count), noise_count)
     window_index = state.window_index + xp.astype(closes, state.window_index.dtype)
-    return AdaptState(welford, preconditioner, window_index)
+    return AdaptState(preconditioner, step_size, curvature, moments, noise_sum, noise_count, window_index), factor

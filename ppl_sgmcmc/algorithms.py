@@ -27,8 +27,9 @@ from types import ModuleType
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
+from array_api_compat import array_namespace
 
-from ppl_sgmcmc import _checks, adaptation, gradients
+from ppl_sgmcmc import _checks, adaptation, gradients, noise
 from ppl_sgmcmc.rules import csgld as csgld_rule
 from ppl_sgmcmc.rules import psgld as psgld_rule
 from ppl_sgmcmc.rules import sgfs as sgfs_rule
@@ -40,6 +41,7 @@ from ppl_sgmcmc.rules import sgrld as sgrld_rule
 __all__ = [
     "CSGHMC",
     "CSGLD",
+    "FIND_MODE_STEPS",
     "INTEGRATORS",
     "PSGLD",
     "SGFS",
@@ -53,6 +55,9 @@ __all__ = [
 ]
 
 INTEGRATORS = ("splitting", "euler")  # SGHMC's, SGNHT's and CSGHMC's momentum integrators
+
+#: The optimiser steps of ``find_mode=True``.
+FIND_MODE_STEPS = 1000
 
 
 class GibbsOptions(NamedTuple):
@@ -108,8 +113,10 @@ class Algorithm:
         subsampled.
     :param potential_fn: instead of a model, an energy ``potential_fn(z)``, or a stochastic estimate
         ``potential_fn(z, rng)`` (``rng``: a JAX key or the chain's ``torch.Generator``).
-    :param step_size: ``h``: a positive float, or a schedule ``t -> h_t`` of the 0-based step index
-        ``t`` (warm-up included; see :mod:`ppl_sgmcmc.schedules`).
+    :param step_size: ``h``: a positive float, or a schedule ``t -> h_t`` of the 0-based step index ``t``
+        (warm-up included; see :mod:`ppl_sgmcmc.schedules`), or ``None`` (default): the warm-up chooses it
+        from the gradient noise it measures, aiming at ``target_noise_ratio`` (see the user guide's
+        "Warm-up and tuning"). A given step size switches the tuning off.
     :param temperature: ``τ``; the target is ``exp(-U/τ)``. A positive float or a schedule of ``t``.
     :param replace: draw minibatch indices with replacement (default), or reshuffle each epoch.
     :param steps_per_sample: SG-MCMC steps per draw that ``MCMC`` counts (default 1): with ``k`` here,
@@ -124,14 +131,21 @@ class Algorithm:
     :param gibbs_sweeps: ``(burn_in, kept)`` sweeps per gradient (default ``(5, 5)``).
     :param gibbs_init: optional ``gibbs_init(rng, gibbs_sites, hmc_sites, subsample_indices)`` giving the
         sweeps' starting point from the local sites' prior draw.
-    :param adapt_mass: adapt a preconditioner (a mass matrix) during the warm-up: the posterior covariance
-        ``Σ = L Lᵀ`` of the (unconstrained, flattened) latents is estimated from the warm-up's positions in
-        Stan's windows (:mod:`ppl_sgmcmc.adaptation`), and the rule runs in the coordinates ``u = L⁻¹ θ``,
-        which makes SGLD the Langevin dynamics preconditioned by ``Σ`` and SGHMC/SGNHT the dynamics with
-        mass matrix ``Σ⁻¹``; the target is unchanged. Frozen after the warm-up, so the post-warm-up chain is
-        a fixed Markov kernel. Needs at least
-        :func:`~ppl_sgmcmc.adaptation.minimum_warmup_steps` warm-up steps. Default ``False``.
-    :param dense_mass: with ``adapt_mass``, a dense ``Σ`` (``True``) or its diagonal (``False``, default).
+    :param find_mode: before sampling, move the chain from the init strategy's point to an approximate mode
+        of the posterior with an optimiser (Adam, a cosine-decaying learning rate) on the same minibatch
+        potential: ``True`` (:data:`FIND_MODE_STEPS` steps), a number of steps, or ``False``. Default: on when
+        the step size is tuned. The optimiser runs when the chain starts, in addition to the warm-up.
+    :param adapt_mass_matrix: adapt a preconditioner (a mass matrix): the Laplace approximation ``Σ = H⁻¹``
+        at the chain's start (its Hessian ``H``, over the data in chunks), refined in windows of the warm-up
+        by the variances of the draws (:mod:`ppl_sgmcmc.adaptation`). The rule runs in the coordinates
+        ``u = L⁻¹ θ`` (``L Lᵀ = Σ``): SGLD is then the Langevin dynamics preconditioned by ``Σ``, SGHMC and
+        SGNHT the dynamics with mass matrix ``Σ⁻¹``; the target is unchanged. Frozen after the warm-up, so
+        the post-warm-up chain is a fixed Markov kernel. Default: on when the step size is tuned (which
+        needs it). Needs at least :func:`~ppl_sgmcmc.adaptation.minimum_warmup_steps` warm-up steps.
+    :param dense_mass: a dense ``Σ`` (``True``) or a diagonal one (``False``, default), as NumPyro's NUTS.
+    :param target_noise_ratio: the noise ratio (:mod:`ppl_sgmcmc.noise`) the tuned step size aims at; the
+        default is the algorithm's (:attr:`default_noise_ratio`). Smaller values mean less bias and slower
+        mixing.
 
     A subclass names its ``rule`` and validates its own arguments into ``self._options`` (the rule's
     keyword arguments); ``schedulable`` lists the options that may be schedules of the step index.
@@ -148,16 +162,23 @@ class Algorithm:
     schedulable: ClassVar[tuple[str, ...]] = ("temperature",)
     #: The name of the MCMC driver's warm-up argument, for messages (set by the backends).
     warmup_arg: ClassVar[str] = "num_warmup"
-    #: Whether the rule can run in coordinates preconditioned by an adapted mass matrix (``adapt_mass``).
+    #: Whether the rule can run in coordinates preconditioned by an adapted mass matrix.
     can_adapt_mass: ClassVar[bool] = True
     can_adapt_mass_reason: ClassVar[str] = ""
+    #: The noise ratio a tuned step size aims at (see :mod:`ppl_sgmcmc.noise`): about the relative
+    #: variance the gradient noise adds, for the rules that do not absorb it.
+    default_noise_ratio: ClassVar[float] = 0.1
+    #: A run whose noise ratio exceeds this gets a warning (the step size is too large for the noise).
+    noise_ratio_limit: ClassVar[float] = 0.5
+    #: The largest tuned step size at unit curvature (the discretisation's cap, in preconditioned coordinates).
+    max_step_size: ClassVar[float] = 0.2
 
     def __init__(
         self,
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any],
+        step_size: float | Callable[[Any], Any] | None = None,
         temperature: float | Callable[[Any], Any] = 1.0,
         replace: bool = True,
         steps_per_sample: int = 1,
@@ -166,8 +187,10 @@ class Algorithm:
         gibbs_fn: Callable[..., Any] | None = None,
         gibbs_sweeps: tuple[int, int] = (5, 5),
         gibbs_init: Callable[..., Any] | None = None,
-        adapt_mass: bool = False,
+        find_mode: bool | int | None = None,
+        adapt_mass_matrix: bool | None = None,
         dense_mass: bool = False,
+        target_noise_ratio: float | None = None,
     ) -> None:
         name = self.name
         if (model is None) == (potential_fn is None):
@@ -175,7 +198,8 @@ class Algorithm:
         for arg, fn in (("model", model), ("potential_fn", potential_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name}: `{arg}` must be callable, got {type(fn).__name__}.")
-        self._step_size = _checks.step_size(step_size, name)
+        self._tune = step_size is None
+        self._step_size = None if self._tune else _checks.step_size(step_size, name)
         self._temperature = _checks.schedule_or(_checks.positive, "temperature", temperature, name)
         self._steps_per_sample = _checks.positive_int("steps_per_sample", steps_per_sample, name)
         gibbs = _checks.gibbs_options(
@@ -187,16 +211,19 @@ class Algorithm:
         self._replace = _checks.boolean("replace", replace, name)
         self._init_strategy = init_strategy
         self._options: dict[str, Any] = {}  # the algorithm's own rule arguments, set by subclasses
-        if not isinstance(adapt_mass, bool) or not isinstance(dense_mass, bool):
-            raise TypeError(f"{name}: `adapt_mass` and `dense_mass` must be True or False.")
-        if dense_mass and not adapt_mass:
-            raise ValueError(f"{name}: `dense_mass=True` chooses the adapted mass matrix's form; set adapt_mass=True.")
-        if adapt_mass and not self.can_adapt_mass:
+        self._adapt_mass, self._dense_mass = _checks.mass_options(
+            adapt_mass_matrix, dense_mass, self._tune, self.can_adapt_mass, self.can_adapt_mass_reason, name
+        )
+        self._find_mode_steps = _checks.find_mode(find_mode, self._tune, FIND_MODE_STEPS, name)
+        self._target_noise_ratio = (
+            self.default_noise_ratio if target_noise_ratio is None
+            else _checks.positive("target_noise_ratio", target_noise_ratio, name)
+        )  # fmt: skip
+        if target_noise_ratio is not None and not self._tune:
             raise ValueError(
-                f"{name}: `adapt_mass` is not available: {self.can_adapt_mass_reason} Use SGLD, SGHMC, SGNHT, pSGLD, "
-                "CSGLD or CSGHMC for an adapted preconditioner."
+                f"{name}: `target_noise_ratio` sets the tuned step size, but a `step_size` was given; leave "
+                "step_size=None to tune it."
             )
-        self._adapt_mass, self._dense_mass = adapt_mass, dense_mass
         self._window_ends: list[tuple[int, int]] | None = None  # the adaptation windows, set from the warm-up
         self._num_warmup_steps = 0
         self._kwargs_cache: dict[Any, tuple[dict[str, Any], tuple[str, ...], bool]] = {}  # see `_rule_kwargs`
@@ -260,13 +287,16 @@ class Algorithm:
         """The rule's initial state at ``position``, with the arguments its ``init`` declares."""
         return self.rule.init(position, noise, **self._rule_kwargs(self.rule.init, i))
 
-    def rule_step(self, position: Any, state: Any, grad_fn: Callable[[Any], Any], noise: Any, i: Any) -> tuple:
-        """One move of the rule at step ``i``: ``(new position, new rule state, gradient)``."""
+    def rule_step(
+        self, position: Any, state: Any, grad_fn: Callable[[Any], Any], noise: Any, step_size: Any, i: Any
+    ) -> tuple:
+        """One move of the rule with step size ``step_size`` at step ``i``: ``(new position, new rule state,
+        gradient)``."""
         hyper = self._rule_kwargs(self.rule.step, i)
-        return self.rule.step(position, state, grad_fn, noise, self.step_size_at(i), **hyper)
+        return self.rule.step(position, state, grad_fn, noise, step_size, **hyper)
 
     def _rule_step_recorded(
-        self, position: Any, state: Any, grad_fn: Callable[[Any], Any], noise: Any, i: Any
+        self, position: Any, state: Any, grad_fn: Callable[[Any], Any], noise: Any, step_size: Any, i: Any
     ) -> tuple:
         """:meth:`rule_step`, and whether the rule took its gradient at ``position`` itself (a Python bool,
         known when the step is traced: SGLD, pSGLD, SGFS and SGRLD pass their position to ``grad_fn``
@@ -277,7 +307,7 @@ class Algorithm:
             at.append(x)
             return grad_fn(x)
 
-        position_new, state, gradient = self.rule_step(position, state, recorded, noise, i)
+        position_new, state, gradient = self.rule_step(position, state, recorded, noise, step_size, i)
         return position_new, state, gradient, at[0] is position
 
     def step_size_at(self, i: Any) -> Any:  # pragma: no cover - each backend defines it
@@ -300,39 +330,134 @@ class Algorithm:
         self._num_warmup_steps = int(num_warmup) * self._steps_per_sample
         self._kwargs_cache = {}
         self._window_ends = None
-        if self._adapt_mass and self._num_warmup_steps > 0:  # 0: a chain continued with its preconditioner
+        if self.adapts and self._num_warmup_steps > 0:  # 0: a chain continued with its adapted state
             try:
                 self._window_ends = adaptation.adaptation_schedule(self._num_warmup_steps)
             except ValueError as err:
                 raise ValueError(f"{self.name}: {err} ({self.warmup_arg} counts draws of {self._steps_per_sample} "
                                  "step(s) each).") from None
 
-    # --- the preconditioned move (adapt_mass) ---------------------------------------------------------
-    def _init_adaptation(self, position: Any) -> Any:
-        """The adaptation's state at the chain's start (``()`` without ``adapt_mass``)."""
-        if not self._adapt_mass:
-            return ()
-        return adaptation.adapt_init(position.shape[0], self._dense_mass, like=position)
+    # --- the warm-up's adaptation (ppl_sgmcmc.adaptation) ---------------------------------------------------
+    @property
+    def adapts(self) -> bool:
+        """Whether the warm-up adapts the preconditioner or the step size.
 
-    def _move(self, position: Any, rule_state: Any, grad_fn: Callable[[Any], Any], noise: Any, i: Any,
-              adapt_state: Any) -> tuple:
-        """One move of the rule from ``position``, in the preconditioned coordinates ``u = L⁻¹ θ`` with
-        ``adapt_mass``: ``(new position, rule state, gradient, whether the rule took its gradient at the
-        position)`` (see :meth:`_rule_step_recorded`)."""
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> SGLD(potential_fn=lambda z: 0.0).adapts, SGLD(potential_fn=lambda z: 0.0, step_size=0.1).adapts
+            (True, False)
+        """
+        return self._adapt_mass or self._tune
+
+    @property
+    def find_mode_steps(self) -> int:
+        """The optimiser steps that move a new chain to an approximate mode before it samples (0: none)."""
+        return self._find_mode_steps
+
+    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+        """``c``, the rule's scale of the gradient noise in its step at step ``i`` (see :mod:`ppl_sgmcmc.noise`):
+        the noise ratio is ``h max_k c_k V_kk / (2τ)``. 1 for SGLD; the algorithms with friction, a
+        preconditioner or a gradient multiplier override it."""
+        return 1.0
+
+    def _step_cap(self, rule_state: Any) -> Any:
+        """The cap of a tuned step size at unit curvature: :attr:`max_step_size` (pSGLD scales it by its
+        preconditioner)."""
+        return self.max_step_size
+
+    def _warm_start(self, rule_state: Any, probe: Any) -> Any:
+        """The rule's state at the start of a tuned chain, given the probe's gradients (rows of
+        ``probe.grad`` and ``probe.score`` in the rule's coordinates): unchanged, but for a rule that keeps a
+        running average of gradients (pSGLD), which the probe fills."""
+        return rule_state
+
+    def _rescale_rule_state(self, rule_state: Any, factor: Any) -> Any:
+        """The rule's state when the coordinates ``u`` are rescaled (``u' = u ⊘ factor``, gradients
+        ``factor ⊙ g``): unchanged, but for running averages of gradients (pSGLD). A momentum is kept: it has
+        the right distribution in any coordinates the friction or thermostat equilibrates."""
+        return rule_state
+
+    def step_size_in(self, adapt_state: Any, i: Any) -> Any:
+        """The step size of step ``i``: the tuned one of ``adapt_state``, or the given one (a schedule at ``i``)."""
+        return adapt_state.step_size if self._tune else self.step_size_at(i)
+
+    def _laplace(self, position: Any, hessian: Any, gradient: Any) -> tuple[Any, Any]:
+        """The Laplace approximation at a new chain's start, with ``adapt_mass_matrix``: ``(start, (preconditioner,
+        curvature))``, the start moved by one Newton step (:func:`~ppl_sgmcmc.adaptation.newton_step`) after
+        ``find_mode``'s optimiser.
+
+        :param position: the chain's start ``θ`` (flat).
+        :param hessian: the Hessian of the potential there, ``(d, d)``; ``gradient``: its gradient.
+        """
+        if self._find_mode_steps:
+            position = adaptation.newton_step(position, hessian, gradient)
+        return position, adaptation.from_hessian(hessian, self._dense_mass)
+
+    def _initial_adaptation(self, position: Any, laplace: Any, probe: Any, rule_state: Any) -> tuple[Any, Any]:
+        """The adaptation's state at a chain's start and the rule's state, warm-started.
+
+        :param position: the chain's start ``θ`` (flat).
+        :param laplace: ``(preconditioner, curvature)`` of :meth:`_laplace`, with ``adapt_mass_matrix``.
+        :param probe: with a tuned step size, :class:`~ppl_sgmcmc.rules.StochasticGradient` of several
+            minibatches at ``position`` (rows), in ``θ``; their spread gives the first step size.
+        :return: ``(AdaptState or (), rule_state)``; ``()`` when nothing adapts.
+        """
+        if not self.adapts:
+            return (), rule_state
+        pre, curvature = laplace if self._adapt_mass else (adaptation.identity(position.shape[0], False, position), 1.0)
+        step_size: Any = 0.0
+        if self._tune:
+            xp = array_namespace(position)
+            pulled = adaptation.pullback_grad_fn(pre, lambda _: probe)(position)
+            rule_state = self._warm_start(rule_state, pulled)
+            rows = pulled.grad.shape[0]  # diag V: the spread of single gradients (none for an exact potential)
+            variance = xp.var(pulled.grad, axis=0, correction=1) if rows > 1 else xp.zeros_like(position)
+            scale = self.noise_scale(rule_state, 0)
+            step_size = adaptation.tuned_step_size(
+                scale * variance, self._target_noise_ratio, self.temperature_at(0), self._step_cap(rule_state) / curvature
+            )
+        return adaptation.adapt_init(pre, step_size, curvature), rule_state
+
+    def _move(self, position: Any, rule_state: Any, grad_fn: Callable[[Any], Any], noise: Any, step_size: Any,
+              i: Any, adapt_state: Any) -> tuple:
+        """One move of the rule from ``position`` with step size ``step_size``, in the preconditioned
+        coordinates ``u = L⁻¹ θ`` with ``adapt_mass_matrix``: ``(new position, rule state, gradient (in the
+        rule's coordinates), whether the rule took its gradient at the position)`` (see
+        :meth:`_rule_step_recorded`)."""
         if not self._adapt_mass:
-            return self._rule_step_recorded(position, rule_state, grad_fn, noise, i)
+            return self._rule_step_recorded(position, rule_state, grad_fn, noise, step_size, i)
         pre = adapt_state.preconditioner
         new_u, rule_state, gradient, at_start = self._rule_step_recorded(
-            adaptation.to_u(pre, position), rule_state, adaptation.pullback_grad_fn(pre, grad_fn), noise, i
+            adaptation.to_u(pre, position), rule_state, adaptation.pullback_grad_fn(pre, grad_fn), noise, step_size, i
         )
         return adaptation.to_theta(pre, new_u), rule_state, gradient, at_start
 
-    def _adapt(self, adapt_state: Any, position: Any, i: Any) -> Any:
-        """The adaptation's state after the warm-up step ``i`` reached ``position``."""
-        if not self._adapt_mass or self._window_ends is None:
-            return adapt_state
+    def _measure_noise(self, noise_state: Any, gradient: Any, rule_state: Any, accepted: Any, i: Any) -> tuple:
+        """The gradient-noise estimate after a step (:func:`ppl_sgmcmc.noise.update`): ``(noise state, term,
+        whether the term measured the noise)``."""
+        valid = (noise_state.count >= 0) & accepted
+        noise_state, term = noise.update(noise_state, gradient.grad, self.noise_scale(rule_state, i), accepted)
+        return noise_state, term, valid
+
+    def _adapt(self, adapt_state: Any, noise_state: Any, rule_state: Any, position: Any, term: Any, valid: Any,
+               i: Any) -> tuple[Any, Any, Any]:
+        """The adaptation after the warm-up step ``i`` ended at ``position`` (``θ``), with the noise ``term``
+        of :meth:`_measure_noise` (:func:`ppl_sgmcmc.adaptation.adapt_step`): ``(adapt state, noise state, rule
+        state)``, the last two re-expressed when the coordinates change."""
+        if not self.adapts or self._window_ends is None:
+            return adapt_state, noise_state, rule_state
         ends = adaptation.window_ends(self._window_ends, like=position)
-        return adaptation.adapt_step(adapt_state, position, i, ends, self._dense_mass)
+        u = adaptation.to_u(adapt_state.preconditioner, position)
+        adapt_state, factor = adaptation.adapt_step(
+            adapt_state, u, term, valid, i, ends, adapt_mass=self._adapt_mass, tune_step_size=self._tune,
+            target=self._target_noise_ratio, temperature=self.temperature_at(i),
+            max_step_size=self._step_cap(rule_state),
+        )  # fmt: skip
+        if self._adapt_mass:
+            noise_state = noise.rescale(noise_state, factor)
+            rule_state = self._rescale_rule_state(rule_state, factor)
+        return adapt_state, noise_state, rule_state
 
     def _check_target(self, target: Any) -> None:
         """Check the model's stochastic potential as soon as it is built, before anything is compiled,
@@ -409,13 +534,18 @@ class SGHMC(Algorithm):
 
     rule = sghmc_rule
     schedulable = ("temperature", "friction")
+    max_step_size = 0.5
+
+    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+        """``1/A``: the injected noise's variance is ``2Ahτ``."""
+        return 1 / self.hyperparameters_at(i)["friction"]
 
     def __init__(
         self,
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any],
+        step_size: float | Callable[[Any], Any] | None = None,
         friction: float | Callable[[Any], Any] = 1.0,
         integrator: str = "splitting",
         **kwargs: Any,
@@ -469,13 +599,22 @@ class SGNHT(Algorithm):
 
     rule = sgnht_rule
     schedulable = ("temperature", "diffusion")
+    max_step_size = 0.5
+    # the thermostat absorbs the gradient noise (ξ ≈ D + h V/2), so the tuned step may let it exceed the
+    # injected noise; far beyond, the multivariate thermostat's per-coordinate correction misses correlated noise
+    default_noise_ratio = 1.0
+    noise_ratio_limit = 5.0
+
+    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+        """``1/D``: the injected noise's variance is ``2Dhτ`` (the thermostat absorbs the gradient noise)."""
+        return 1 / self._options["diffusion"]
 
     def __init__(
         self,
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any],
+        step_size: float | Callable[[Any], Any] | None = None,
         diffusion: float | Callable[[Any], Any] = 1.0,
         thermostat: str = "multivariate",
         integrator: str = "splitting",
@@ -524,12 +663,36 @@ class PSGLD(Algorithm):
 
     rule = psgld_rule
 
+    def _preconditioner(self, rule_state: Any) -> Any:
+        """pSGLD's ``G = 1 ⊘ (λ + sqrt(V))``."""
+        xp = array_namespace(rule_state.square_avg)
+        return 1 / (self._options["eps"] + xp.sqrt(rule_state.square_avg))
+
+    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+        """``G``: the gradient and the injected noise pass through the preconditioner."""
+        return self._preconditioner(rule_state)
+
+    def _step_cap(self, rule_state: Any) -> Any:
+        """:attr:`max_step_size` for the preconditioned step ``h G``."""
+        xp = array_namespace(rule_state.square_avg)
+        return self.max_step_size / xp.max(self._preconditioner(rule_state))
+
+    def _warm_start(self, rule_state: Any, probe: Any) -> Any:
+        """``V`` starts at the probe's mean squared score instead of 0 (whose ``G = 1/λ`` would take huge
+        first steps)."""
+        xp = array_namespace(probe.score)
+        return rule_state._replace(square_avg=xp.mean(probe.score * probe.score, axis=0))
+
+    def _rescale_rule_state(self, rule_state: Any, factor: Any) -> Any:
+        """``V ⊙ factor²``: scores in the new coordinates are ``factor ⊙`` those in the old."""
+        return rule_state._replace(square_avg=rule_state.square_avg * factor * factor)
+
     def __init__(
         self,
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any],
+        step_size: float | Callable[[Any], Any] | None = None,
         alpha: float = 0.99,
         eps: float = 1e-5,
         **kwargs: Any,
@@ -566,6 +729,10 @@ class SGRLD(Algorithm):
 
     rule = sgrld_rule
     constrained = True
+
+    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+        """Not measured (NaN): the metric ``diag(θ)`` scales each coordinate by the position."""
+        return math.nan
     can_adapt_mass = False
     can_adapt_mass_reason = "SGRLD's preconditioner is diag(θ), fixed by the Riemannian metric."
 
@@ -707,6 +874,12 @@ class CSGLD(Algorithm):
 
     rule = csgld_rule
     sample_stats_fields = ("log_weight", "partition")
+
+    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+        """The squared gradient multiplier (divided by CSGHMC's friction): the flattening scales the
+        gradient, noise included, but not the injected noise."""
+        scale = rule_state.multiplier * rule_state.multiplier
+        return scale / self.hyperparameters_at(i)["friction"] if "friction" in self._options else scale
     final_state_fields = ("theta", "energy_min", "energy_gap")
     integrator = "langevin"
 
@@ -715,7 +888,7 @@ class CSGLD(Algorithm):
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any],
+        step_size: float | Callable[[Any], Any] | None = None,
         num_partitions: int = 100,
         energy_gap: float | str = "auto",
         energy_min: float | str = "auto",
@@ -856,13 +1029,14 @@ class CSGHMC(CSGLD):
     """
 
     schedulable = ("temperature", "friction")
+    max_step_size = 0.5
 
     def __init__(
         self,
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any],
+        step_size: float | Callable[[Any], Any] | None = None,
         friction: float | Callable[[Any], Any] = 1.0,
         integrator: str = "splitting",
         **kwargs: Any,
@@ -930,6 +1104,10 @@ class SGFS(Algorithm):
 
     rule = sgfs_rule
     can_adapt_mass = False
+
+    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+        """Not measured (NaN): SGFS builds the gradient noise into its preconditioner and noise by design."""
+        return math.nan
     can_adapt_mass_reason = "SGFS preconditions by its own Fisher estimate, which the warm-up already adapts."
 
     def __init__(

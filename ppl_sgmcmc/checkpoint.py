@@ -184,7 +184,7 @@ def load(checkpoint: str | os.PathLike[str]) -> az.InferenceData:
         ...                extra_fields=("potential_energy",), checkpoint=tmp.name, checkpoint_every=10)
         >>> idata = checkpoint.load(tmp.name)
         >>> idata.posterior["x"].shape, sorted(idata.sample_stats.data_vars)
-        ((1, 30, 2), ['diverging', 'minibatch_lp'])
+        ((1, 30, 2), ['diverging', 'minibatch_lp', 'noise_ratio', 'step_size'])
         >>> tmp.cleanup()
     """
     import arviz as az
@@ -292,7 +292,7 @@ def _run_pyro(mcmc: Any, args: tuple, kwargs: dict, directory: Path, every: int)
             state, diagnostics = kernel.last_state, mcmc._diagnostics
             stats = {"diverging": np.zeros((1, n), bool)}
             stats["diverging"][0, diagnostics[0]["divergences"]] = True
-            stats.update({field: np.asarray(diagnostics[0][field])[None] for field in kernel.sample_stats_fields})
+            stats.update({field: np.asarray(diagnostics[0][field])[None] for field in kernel.recorded_fields})
             draws = {
                 "posterior": {k: v.detach().cpu().numpy() for k, v in mcmc.get_samples(group_by_chain=True).items()},
                 "sample_stats": stats,
@@ -310,7 +310,7 @@ def _run_pyro(mcmc: Any, args: tuple, kwargs: dict, directory: Path, every: int)
         {
             **chain,
             "divergences": np.flatnonzero(stats["diverging"][c]).tolist(),
-            **{field: stats[field][c].tolist() for field in kernel.sample_stats_fields if field in stats},
+            **{field: stats[field][c].tolist() for field in kernel.recorded_fields if field in stats},
         }
         for c, chain in enumerate(diagnostics)
     ]

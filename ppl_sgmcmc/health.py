@@ -1,7 +1,9 @@
 """Health checks of a running chain: the failures a run can show while it runs, and their warnings.
 
 A chain can go wrong without raising: a step-size schedule that turns non-positive or non-finite, a
-storm of steps rejected as non-finite, a chain, momentum or thermostat running off to huge values.
+storm of steps rejected as non-finite, a chain, momentum or thermostat running off to huge values, a step
+size too large for the gradient noise (the noise ratio of :mod:`ppl_sgmcmc.noise` above the algorithm's
+limit), a chain that stops moving.
 The kernels evaluate :func:`check` after every draw (a few reductions, on ``jax.numpy`` or ``torch``
 arrays alike) and, when a check fails, the backend turns it into one Python warning per run and kind
 (:func:`message`), naming what was seen and the fix. Nothing here changes the chain.
@@ -27,25 +29,35 @@ FROZEN_TOLERANCE = 1e-6
 FROZEN_STEPS = 128
 
 #: The checks: :func:`check`'s flags, then :func:`update`'s frozen-chain flag.
-KINDS = ("step_size", "rejections", "runaway", "frozen")
+KINDS = ("step_size", "rejections", "runaway", "noise", "frozen")
 
 
-def check(i: Any, num_diverging: Any, step_size: Any, position: Any, rule_state: Any) -> tuple[Any, Any]:
+def check(
+    i: Any,
+    num_diverging: Any,
+    step_size: Any,
+    position: Any,
+    rule_state: Any,
+    noise_ratio: Any = float("nan"),
+    noise_limit: float = float("inf"),
+) -> tuple[Any, Any]:
     """The health flags of a chain after ``i`` steps, and the values behind them.
 
     :param i: the steps taken; ``num_diverging``: how many of them were rejected.
     :param step_size: the step size of the last step.
     :param position: the flat position; ``rule_state``: the rule's state (its array leaves are checked).
-    :return: ``(flags, values)``: boolean flags for :data:`KINDS` and the floats
-        ``(step_size, i, num_diverging, largest magnitude)``, as arrays of the position's namespace.
+    :param noise_ratio: the chain's noise ratio (:mod:`ppl_sgmcmc.noise`; NaN while not measured), reported
+        above ``noise_limit``.
+    :return: ``(flags, values)``: boolean flags for :data:`KINDS` but the last and the floats
+        ``(step_size, i, num_diverging, largest magnitude, noise ratio)``, as arrays of the position's namespace.
 
     **Example**::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc import health
-        >>> flags, values = health.check(jnp.array(200), jnp.array(150), jnp.array(-0.1), jnp.zeros(2), ())
+        >>> flags, values = health.check(jnp.array(200), jnp.array(150), jnp.array(-0.1), jnp.zeros(2), (), 3.0, 0.5)
         >>> flags.tolist()
-        [True, True, False]
+        [True, True, False, True]
     """
     xp = array_namespace(position)
     dtype = position.dtype
@@ -54,14 +66,16 @@ def check(i: Any, num_diverging: Any, step_size: Any, position: Any, rule_state:
     rejected = xp.asarray(num_diverging, dtype=dtype)
     leaves = [position] + [leaf for leaf in rule_state if leaf is not None and hasattr(leaf, "shape")]
     largest = xp.max(xp.stack([xp.astype(xp.max(xp.abs(xp.reshape(leaf, (-1,)))), dtype) for leaf in leaves if leaf.size]))
+    ratio = xp.asarray(noise_ratio, dtype=dtype)
     flags = xp.stack(
         [
             ~(h > 0),  # NaN, zero or negative (+inf is SGFS's α = 0)
             (steps >= MIN_STEPS) & (rejected > REJECTED_FRACTION * steps),
             largest > RUNAWAY,
+            ratio > noise_limit,  # NaN: not measured
         ]
     )
-    return flags, xp.stack([h, steps, rejected, largest])
+    return flags, xp.stack([h, steps, rejected, largest, ratio])
 
 
 def passed_power_of_two(before: Any, after: Any) -> Any:
@@ -85,7 +99,7 @@ def passed_power_of_two(before: Any, after: Any) -> Any:
 class HealthState(NamedTuple):
     """What a chain's checks found so far: ``flags`` (booleans for :data:`KINDS`, each set once a check
     fails), ``values`` (the values behind them when the first check failed: step size, steps, rejected
-    steps, largest magnitude, steps since the previous check), and ``anchor``/``anchor_step``, the position
+    steps, largest magnitude, noise ratio, steps since the previous check), and ``anchor``/``anchor_step``, the position
     at the previous check and its step (to see a frozen chain). The NumPyro kernels keep it in their state,
     so that a compiled run needs no host callback (which would slow every call of a compiled step); the
     host reports it (:class:`Reporter`)."""
@@ -104,15 +118,24 @@ def init(like: Any) -> HealthState:
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc import health
         >>> health.init(jnp.zeros(3)).flags.tolist()
-        [False, False, False, False]
+        [False, False, False, False, False]
     """
     xp = array_namespace(like)
     return HealthState(
-        xp.zeros((len(KINDS),), dtype=xp.bool), xp.zeros((5,), dtype=like.dtype), like, xp.zeros((), dtype=like.dtype)
+        xp.zeros((len(KINDS),), dtype=xp.bool), xp.zeros((6,), dtype=like.dtype), like, xp.zeros((), dtype=like.dtype)
     )
 
 
-def update(state: HealthState, i: Any, num_diverging: Any, step_size: Any, position: Any, rule_state: Any) -> HealthState:
+def update(
+    state: HealthState,
+    i: Any,
+    num_diverging: Any,
+    step_size: Any,
+    position: Any,
+    rule_state: Any,
+    noise_ratio: Any = float("nan"),
+    noise_limit: float = float("inf"),
+) -> HealthState:
     """``state`` after the checks of :func:`check` at step ``i``, and the frozen-chain check (the position
     moved by less than :data:`FROZEN_TOLERANCE` relative to its magnitude since the previous check, at
     least :data:`FROZEN_STEPS` steps ago): failed checks are added to ``flags``, ``values`` are kept from
@@ -124,10 +147,10 @@ def update(state: HealthState, i: Any, num_diverging: Any, step_size: Any, posit
         >>> from ppl_sgmcmc import health
         >>> state = health.update(health.init(jnp.ones(2)), 200, 150, 0.1, jnp.ones(2), ())
         >>> state.flags.tolist(), state.values.tolist()  # most steps rejected, and the chain did not move
-        ([False, True, False, True], [0.10000000149011612, 200.0, 150.0, 1.0, 200.0])
+        ([False, True, False, False, True], [0.10000000149011612, 200.0, 150.0, 1.0, nan, 200.0])
     """
     xp = array_namespace(position)
-    flags, values = check(i, num_diverging, step_size, position, rule_state)
+    flags, values = check(i, num_diverging, step_size, position, rule_state, noise_ratio, noise_limit)
     steps = xp.asarray(i, dtype=position.dtype)
     since = steps - state.anchor_step
     moved = xp.max(xp.abs(position - state.anchor))
@@ -144,10 +167,10 @@ def message(kernel: str, kind: str, values: Any) -> str:
     **Example**::
 
         >>> from ppl_sgmcmc import health
-        >>> print(health.message("SGLD", "rejections", [1e-3, 200, 150, 1.0, 72]))
+        >>> print(health.message("SGLD", "rejections", [1e-3, 200, 150, 1.0, 0.1, 72]))
         SGLD: 150 of the first 200 steps were rejected as non-finite ...
     """
-    h, steps, rejected, largest, since = (float(v) for v in values)
+    h, steps, rejected, largest, ratio, since = (float(v) for v in values)
     if kind == "step_size":
         return (
             f"{kernel}: the step size reached h = {h:g} by step {int(steps)}; steps with a non-positive or NaN "
@@ -166,6 +189,13 @@ def message(kernel: str, kind: str, values: Any) -> str:
             f"{kernel}: after {int(steps)} steps the chain's position, momentum or thermostat reached a magnitude "
             f"of {largest:.3g} (over {RUNAWAY:g}): the chain is diverging. Reduce the step size; for SGNHT also "
             "check that the warm-up lets the thermostat settle."
+        )
+    if kind == "noise":
+        return (
+            f"{kernel}: after {int(steps)} steps the noise ratio is {ratio:.3g} at h = {h:g}: the stochastic "
+            f"gradient's noise (with the discretisation's error) adds about {ratio:.3g} times the variance the "
+            "kernel injects, so the draws are probably too widely spread (ppl_sgmcmc.noise). Use a smaller step "
+            "size, or leave `step_size` unset for the warm-up to choose it; a larger `subsample_size` also helps."
         )
     if kind == "frozen":
         return (
@@ -189,7 +219,7 @@ class Reporter:
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     for _ in range(3):
-        ...         reporter.report([False, True, False, False], [1e-3, 200, 150, 1.0, 72])
+        ...         reporter.report([False, True, False, False, False], [1e-3, 200, 150, 1.0, 0.1, 72])
         >>> len(caught)
         1
     """

@@ -1,15 +1,16 @@
-"""Tests of :mod:`ppl_sgmcmc.adaptation`: Stan's windowed mass-matrix adaptation, backend-neutral.
+"""Tests of :mod:`ppl_sgmcmc.adaptation`, backend-neutral.
 
-* the schedule against NumPyro's ``build_adaptation_schedule`` (exactly, inclusive ends converted);
-* Welford's estimator against NumPy's ``var`` / ``cov`` (``ddof=1``) and NumPyro's ``welford_covariance``,
-  on ``jax.numpy`` and ``torch``, under ``jax.jit`` and ``jax.vmap``;
-* the change of variables ``θ = L u``: round trips, the pulled-back gradient against autodiff of
-  ``U(L u)`` (JAX and torch), and SGLD in ``u`` on a Gaussian of condition number 10⁴ with a step size
-  2.5·10² times SGLD's stability limit in ``θ`` (moments within Monte Carlo error, with the predicted
-  discretisation bias as the documented allowance);
-* :func:`adapt_step` over a 1000-step warm-up of exact Gaussian draws: the final preconditioner is the
-  regularised covariance of the last slow window (exactly) and matches the true covariance within that
-  window's Monte Carlo error; it is frozen after warm-up.
+* the schedule's structure (contiguous, proportional windows doubling, the minimum warm-up);
+* a window's variance and its effective sample size by batch means, against independent draws, a trend and
+  an AR(1) chain of known autocorrelation time;
+* the change of variables ``θ = L u``: round trips, the Laplace preconditioner of a Hessian (unit curvature in
+  ``u``, negative curvature by magnitude, the floor), the pulled-back gradient against autodiff of ``U(L u)``
+  (JAX and torch), and SGLD in ``u`` on a Gaussian of condition number 10⁴ with a step size 2.5·10² times
+  SGLD's stability limit in ``θ`` (moments within Monte Carlo error, with the predicted discretisation bias
+  as the documented allowance);
+* the tuned step size, and :func:`adapt_step` over a warm-up: the step size set from the noise at every
+  window's end, the rescaling from the slow windows' draws (and none where they are too few), frozen after
+  the warm-up, the same numbers on ``jax.numpy`` (under ``jit`` and ``vmap``) and ``torch``.
 """
 
 import math
@@ -19,8 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from numpyro.infer.hmc_util import build_adaptation_schedule
-from numpyro.infer.hmc_util import welford_covariance as numpyro_welford
 
 from ppl_sgmcmc import adaptation as ad
 from ppl_sgmcmc.rules import StochasticGradient, sgld
@@ -41,134 +40,81 @@ def as_np(x: object) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def gaussian_samples(n: int, cov: np.ndarray, seed: int, mean: np.ndarray | None = None) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    draws = rng.normal(size=(n, cov.shape[0])) @ np.linalg.cholesky(cov).T
-    return draws + (0.0 if mean is None else mean)
-
-
 COV3 = np.array([[4.0, 1.2, -0.6], [1.2, 1.0, 0.3], [-0.6, 0.3, 0.5]])
 
 
 # --- the schedule ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("num_steps", [150, 151, 174, 175, 200, 299, 1000, 5000])
-def test_schedule_matches_numpyro(num_steps: int) -> None:
-    ours = ad.adaptation_schedule(num_steps)
-    theirs = [(int(w.start), int(w.end) + 1) for w in build_adaptation_schedule(num_steps)]  # inclusive end
-    assert ours == theirs
-
-
-def test_schedule_matches_numpyro_on_every_length() -> None:
-    for num_steps in range(150, 3000):
-        theirs = [(int(w.start), int(w.end) + 1) for w in build_adaptation_schedule(num_steps)]
-        assert ad.adaptation_schedule(num_steps) == theirs, num_steps
-
-
-@pytest.mark.parametrize("num_steps,buffers", [(1000, (75, 50, 25)), (417, (10, 20, 7)), (64, (0, 0, 8))])
-def test_schedule_structure(num_steps: int, buffers: tuple[int, int, int]) -> None:
-    init_buffer, term_buffer, base_window = buffers
-    windows = ad.adaptation_schedule(num_steps, init_buffer, term_buffer, base_window)
-    assert windows[0] == (0, init_buffer) and windows[-1] == (num_steps - term_buffer, num_steps)
+@pytest.mark.parametrize("num_steps", [200, 201, 333, 1000, 5000, 123457])
+def test_schedule_structure(num_steps: int) -> None:
+    windows = ad.adaptation_schedule(num_steps)
+    assert windows[0] == (0, round(0.15 * num_steps))
+    assert windows[-1] == (num_steps - round(0.1 * num_steps), num_steps)
     assert all(a[1] == b[0] for a, b in zip(windows, windows[1:]))  # contiguous
     sizes = [end - start for start, end in windows[1:-1]]
-    assert len(sizes) >= 1 and sizes[0] >= base_window
+    assert sizes[0] == round(0.05 * num_steps) >= ad.MIN_WINDOW
     assert all(b == 2 * a for a, b in zip(sizes[:-2], sizes[1:-1]))  # doubling, but for the stretched last
-    assert sizes[-1] >= (sizes[-2] * 2 if len(sizes) > 1 else base_window)
+    assert sizes[-1] >= (2 * sizes[-2] if len(sizes) > 1 else sizes[0])
 
 
 def test_schedule_too_short() -> None:
-    assert ad.minimum_warmup_steps() == 150
-    assert ad.minimum_warmup_steps(init_buffer=10, term_buffer=5, base_window=5) == 20
-    assert ad.adaptation_schedule(150) == [(0, 75), (75, 100), (100, 150)]
-    with pytest.raises(ValueError, match=r"at least 150 warm-up steps .*got 149; .*adapt_mass=False"):
-        ad.adaptation_schedule(149)
-    with pytest.raises(ValueError, match="at least 20 warm-up steps"):
-        ad.adaptation_schedule(19, init_buffer=10, term_buffer=5, base_window=5)
-    with pytest.raises(ValueError, match="base_window"):
-        ad.adaptation_schedule(1000, base_window=0)
+    assert ad.minimum_warmup_steps() == 200
+    ad.adaptation_schedule(200)
+    with pytest.raises(ValueError, match="at least 200 warm-up steps"):
+        ad.adaptation_schedule(199)
 
 
 def test_window_ends() -> None:
     schedule = ad.adaptation_schedule(1000)
-    expected = [75, 100, 150, 250, 450, 950, 1000]
-    assert ad.window_ends(schedule, jnp.zeros(1)).tolist() == expected
-    ends = ad.window_ends(schedule, torch.zeros(1, dtype=torch.float64))
-    assert ends.tolist() == expected and ends.dtype == torch.int32
+    assert schedule == [(0, 150), (150, 200), (200, 300), (300, 500), (500, 900), (900, 1000)]
+    for like in (jnp.zeros(1), torch.zeros(1)):
+        assert as_np(ad.window_ends(schedule, like)).tolist() == [150, 200, 300, 500, 900, 1000]
 
 
-# --- Welford ---------------------------------------------------------------------------------------------
-def run_welford(xs: object, dense: bool) -> ad.WelfordState:
-    state = ad.welford_init(xs.shape[1], dense, xs)  # type: ignore[attr-defined]
-    for x in xs:  # type: ignore[attr-defined]
-        state = ad.welford_update(state, x)
-    return state
+# --- a window's variance ---------------------------------------------------------------------------------
+def moments_of(draws: np.ndarray, xp: str = "jax") -> ad.WindowMoments:
+    arr = (lambda a: jnp.asarray(a, jnp.float32)) if xp == "jax" else (lambda a: torch.tensor(a, dtype=torch.float32))
+    moments = ad.window_moments(draws.shape[1], like=arr(draws[0]))
+    n = draws.shape[0]
+    for t in range(n):
+        moments = ad._add(moments, arr(draws[t]), arr(np.int32(t * ad.BATCHES // n)).to(torch.int32) if xp == "torch"
+                          else jnp.int32(t * ad.BATCHES // n))  # fmt: skip
+    return moments
 
 
-@pytest.mark.parametrize("dense", [False, True])
-def test_welford_equals_numpy(dense: bool) -> None:
-    draws = gaussian_samples(60, COV3, seed=1, mean=np.array([10.0, -3.0, 0.5]))
-    expected = np.cov(draws.T, ddof=1) if dense else np.var(draws, axis=0, ddof=1)
-    t_state = run_welford(torch.tensor(draws), dense)  # float64
-    np.testing.assert_allclose(as_np(ad.welford_covariance(t_state, regularize=False)), expected, rtol=1e-12)
-    np.testing.assert_allclose(as_np(t_state.mean), draws.mean(0), rtol=1e-12)
-    assert int(t_state.count) == 60
-    j_state = run_welford(jnp.asarray(draws, jnp.float32), dense)  # float32
-    np.testing.assert_allclose(as_np(ad.welford_covariance(j_state, regularize=False)), expected, rtol=2e-5, atol=2e-6)
+def ar1(n: int, rho: float, d: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, d))
+    x[0] = rng.normal(size=d)
+    for t in range(1, n):
+        x[t] = rho * x[t - 1] + math.sqrt(1 - rho**2) * rng.normal(size=d)
+    return x
 
 
-@pytest.mark.parametrize("dense", [False, True])
-def test_welford_regularisation_and_numpyro(dense: bool) -> None:
-    draws = gaussian_samples(40, COV3, seed=2)
-    n = 40
-    cov = np.cov(draws.T, ddof=1) if dense else np.var(draws, axis=0, ddof=1)
-    eye = np.eye(3) if dense else np.ones(3)
-    expected = n / (n + 5) * cov + 1e-3 * 5 / (n + 5) * eye  # Stan's shrinkage
-    state = run_welford(torch.tensor(draws), dense)
-    np.testing.assert_allclose(as_np(ad.welford_covariance(state)), expected, rtol=1e-12)
-    # NumPyro's estimator, same regularisation
-    init_fn, update_fn, final_fn = numpyro_welford(diagonal=not dense)
-    np_state = init_fn(3)
-    for x in jnp.asarray(draws, jnp.float32):
-        np_state = update_fn(x, np_state)
-    ours = ad.welford_covariance(run_welford(jnp.asarray(draws, jnp.float32), dense))
-    np.testing.assert_allclose(as_np(ours), as_np(final_fn(np_state, regularize=True)[0]), rtol=1e-5, atol=1e-7)
+def test_window_variance_of_independent_draws() -> None:
+    draws = np.random.default_rng(0).normal(size=(1600, 3)) * np.array([2.0, 1.0, 0.5])
+    variance, n_eff = ad.window_variance(moments_of(draws))
+    np.testing.assert_allclose(as_np(variance), np.var(draws, axis=0), rtol=1e-4)
+    # batch means of independent draws: n_eff = n up to the 16 batch means' chi-square spread (sd sqrt(2/15))
+    assert np.all(np.abs(np.log(as_np(n_eff) / 1600)) < 3 * math.sqrt(2 / 15)), as_np(n_eff)
 
 
-def test_welford_few_samples_is_finite() -> None:
-    for n in (0, 1):
-        state = run_welford(jnp.ones((n, 2)), dense=True)
-        expected = 1e-3 * 5 / (n + 5) * np.eye(2)
-        np.testing.assert_allclose(as_np(ad.welford_covariance(state)), expected, rtol=1e-6)
+def test_window_variance_of_correlated_and_trending_draws() -> None:
+    rho = 0.98  # integrated autocorrelation time (1 + ρ)/(1 - ρ) = 99
+    draws = ar1(32_000, rho, 4, seed=1)
+    _, n_eff = ad.window_variance(moments_of(draws))
+    expected = 32_000 * (1 - rho) / (1 + rho)
+    assert np.all(np.abs(np.log(as_np(n_eff) / expected)) < 3 * math.sqrt(2 / 15)), (as_np(n_eff), expected)
+    trend = np.linspace(-1.0, 1.0, 800)[:, None] * np.ones((1, 2))
+    _, n_eff = ad.window_variance(moments_of(trend))
+    assert np.all(as_np(n_eff) < ad.MIN_EFFECTIVE)  # a window that only drifted says little
 
 
-@pytest.mark.parametrize("dense", [False, True])
-def test_welford_jax_torch_same_numbers(dense: bool) -> None:
-    draws = gaussian_samples(30, COV3, seed=3).astype(np.float32)
-    j = run_welford(jnp.asarray(draws), dense)
-    t = run_welford(torch.tensor(draws), dense)
-    for a, b in zip(j, t):
-        np.testing.assert_allclose(as_np(a), as_np(b), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(as_np(ad.welford_covariance(j)), as_np(ad.welford_covariance(t)), rtol=1e-5)
-
-
-@pytest.mark.parametrize("dense", [False, True])
-def test_welford_jit_and_vmap(dense: bool) -> None:
-    chains = np.stack([gaussian_samples(50, COV3, seed=10 + c) for c in range(4)]).astype(np.float32)
-    xs = jnp.asarray(chains)  # (chains, samples, d)
-
-    @jax.jit
-    def estimate(xs: jax.Array) -> jax.Array:
-        def one_chain(x: jax.Array) -> jax.Array:
-            state = ad.welford_init(3, dense, x)
-            state, _ = jax.lax.scan(lambda s, xi: (ad.welford_update(s, xi), None), state, x)
-            return ad.welford_covariance(state, regularize=False)
-
-        return jax.vmap(one_chain)(xs)
-
-    covs = estimate(xs)
-    for c in range(4):
-        expected = np.cov(chains[c].T, ddof=1) if dense else np.var(chains[c], axis=0, ddof=1)
-        np.testing.assert_allclose(as_np(covs[c]), expected, rtol=2e-5, atol=2e-6)
+def test_window_variance_same_on_torch() -> None:
+    draws = ar1(640, 0.5, 2, seed=2)
+    jax_result = ad.window_variance(moments_of(draws, "jax"))
+    torch_result = ad.window_variance(moments_of(draws, "torch"))
+    for a, b in zip(jax_result, torch_result):
+        np.testing.assert_allclose(as_np(a), as_np(b), rtol=1e-4)
 
 
 # --- the preconditioner ----------------------------------------------------------------------------------
@@ -308,108 +254,156 @@ def test_preconditioned_sgld_samples_ill_conditioned_gaussian() -> None:
     assert_mc_close("mahalanobis", m_mean, 2.0, m_mcse, allowance=target - 2.0, k=K_SIGMA)
 
 
-# --- adapt_step ----------------------------------------------------------------------------------------------
-NUM_WARMUP = 1000
-LAST_WINDOW = (450, 950)
+# --- the Laplace preconditioner --------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_from_hessian_dense_whitens(backend: str) -> None:
+    H = np.linalg.inv(COV3)
+    arr = (lambda a: jnp.asarray(a, jnp.float32)) if backend == "jax" else (lambda a: torch.tensor(a))
+    pre, curvature = ad.from_hessian(arr(H), dense=True)
+    L, L_inv = as_np(pre.scale), as_np(pre.inverse)
+    np.testing.assert_allclose(L.T @ H @ L, np.eye(3), atol=1e-4)
+    np.testing.assert_allclose(L @ L.T, COV3, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(L_inv @ L, np.eye(3), atol=1e-5)
+    assert float(curvature) == pytest.approx(1.0, abs=1e-5)
 
 
-def run_adaptation(draws: np.ndarray, dense: bool) -> tuple[ad.AdaptState, list[int]]:
-    xs = jnp.asarray(draws, jnp.float32)
+def test_from_hessian_negative_curvature_and_floor() -> None:
+    # a saddle: the negative eigenvalue is taken by its magnitude; a flat direction is floored
+    Q = np.linalg.qr(np.random.default_rng(3).normal(size=(3, 3)))[0]
+    H = Q @ np.diag([4.0, -1.0, 0.0]) @ Q.T
+    pre, curvature = ad.from_hessian(torch.tensor(H), dense=True)
+    L = as_np(pre.scale)
+    expected = Q @ np.diag([4.0, 1.0, ad.HESSIAN_FLOOR * 4.0]) @ Q.T
+    np.testing.assert_allclose(np.linalg.inv(L @ L.T), expected, rtol=1e-6, atol=1e-9)
+    assert float(curvature) == pytest.approx(1.0)
+    assert np.isfinite(L).all()
+
+
+def test_from_hessian_diagonal_is_jacobi() -> None:
+    H = np.linalg.inv(COV3)
+    pre, curvature = ad.from_hessian(jnp.asarray(H, jnp.float32), dense=False)
+    scale = as_np(pre.scale)
+    np.testing.assert_allclose(scale, 1 / np.sqrt(np.diag(H)), rtol=1e-5)
+    np.testing.assert_allclose(as_np(pre.inverse), np.sqrt(np.diag(H)), rtol=1e-5)
+    # the curvature left in u: the largest eigenvalue of diag(H)^(-1/2) H diag(H)^(-1/2)
+    D = np.diag(scale)
+    assert float(curvature) == pytest.approx(np.linalg.eigvalsh(D @ H @ D).max(), rel=1e-4)
+    only_diagonal, unknown = ad.from_hessian(jnp.asarray(np.diag(H), jnp.float32), dense=False)
+    np.testing.assert_allclose(as_np(only_diagonal.scale), scale, rtol=1e-6)
+    assert np.isnan(float(unknown))
+    with pytest.raises(ValueError, match="needs the \\(d, d\\) Hessian"):
+        ad.from_hessian(jnp.ones(3), dense=True)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_rescale(dense: bool) -> None:
+    pre = ad.from_covariance(torch.tensor(COV3 if dense else np.diag(COV3)))
+    factor = torch.tensor([2.0, 0.5, 1.0], dtype=torch.float64)
+    new = ad.rescale(pre, factor)
+    u = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64)
+    # θ = L diag(f) u: the coordinate u_k stretched by f_k
+    np.testing.assert_allclose(as_np(ad.to_theta(new, u)), as_np(ad.to_theta(pre, factor * u)), rtol=1e-12)
+    np.testing.assert_allclose(as_np(ad.to_u(new, ad.to_theta(new, u))), as_np(u), rtol=1e-12, atol=1e-12)
+
+
+# --- the tuned step size and adapt_step ----------------------------------------------------------------------
+def test_tuned_step_size() -> None:
+    v = jnp.array([100.0, 400.0, 0.0])
+    assert float(ad.tuned_step_size(v, 0.1, 1.0, 1.0)) == pytest.approx(2 * 0.1 / 400)
+    assert float(ad.tuned_step_size(v, 0.1, 3.0, 1.0)) == pytest.approx(2 * 3 * 0.1 / 400)  # temperature τ
+    assert float(ad.tuned_step_size(v, 0.1, 1.0, 1e-4)) == pytest.approx(1e-4)  # the cap
+    assert float(ad.tuned_step_size(jnp.zeros(3), 0.1, 1.0, 0.2)) == pytest.approx(0.2)  # no noise: the cap
+    assert float(ad.tuned_step_size(torch.tensor([100.0, 400.0]), 0.1, 1.0, 1.0)) == pytest.approx(5e-4)
+
+
+NUM_WARMUP = 2000
+
+
+def run_adaptation(draws: np.ndarray, noise_terms: np.ndarray, dense: bool, *, adapt_mass: bool = True,
+                   tune: bool = True, steps: int = NUM_WARMUP) -> tuple[ad.AdaptState, np.ndarray, np.ndarray]:  # fmt: skip
+    """adapt_step over ``steps`` steps (a warm-up of NUM_WARMUP): the final state, and the step size and the
+    preconditioner's first scale after each step."""
+    d = draws.shape[1]
+    xs, terms = jnp.asarray(draws, jnp.float32), jnp.asarray(noise_terms, jnp.float32)
     ends = ad.window_ends(ad.adaptation_schedule(NUM_WARMUP), xs)
 
     @jax.jit
-    def scan(state: ad.AdaptState) -> tuple[ad.AdaptState, jax.Array]:
-        def body(s: ad.AdaptState, t: jax.Array) -> tuple[ad.AdaptState, jax.Array]:
-            s = ad.adapt_step(s, xs[t], t, ends, dense)
-            return s, s.window_index
+    def scan(state: ad.AdaptState) -> tuple[ad.AdaptState, tuple[jax.Array, jax.Array]]:
+        def body(s: ad.AdaptState, t: jax.Array) -> tuple[ad.AdaptState, tuple[jax.Array, jax.Array]]:
+            u = ad.to_u(s.preconditioner, xs[t])
+            s, _ = ad.adapt_step(s, u, terms[t], True, t, ends, adapt_mass=adapt_mass, tune_step_size=tune,
+                                 target=0.1, temperature=1.0, max_step_size=0.5)  # fmt: skip
+            scale = s.preconditioner.scale
+            return s, (s.step_size, scale[0, 0] if dense else scale[0])
 
-        return jax.lax.scan(body, state, jnp.arange(NUM_WARMUP))
+        return jax.lax.scan(body, state, jnp.arange(steps))
 
-    state, window_index = scan(ad.adapt_init(draws.shape[1], dense, xs))
-    return state, np.asarray(window_index).tolist()
+    state, (step_sizes, scales) = scan(ad.adapt_init(ad.identity(d, dense, xs), 0.01, 1.0))
+    return state, np.asarray(step_sizes), np.asarray(scales)
 
 
 @pytest.mark.parametrize("dense", [True, False])
-def test_adapt_step_estimates_covariance(dense: bool) -> None:
-    draws = gaussian_samples(NUM_WARMUP, COV3, seed=7)
-    state, window_index = run_adaptation(draws, dense)
-    # window_index steps up at the last step of each slow window
-    changes = [t for t in range(1, NUM_WARMUP) if window_index[t] != window_index[t - 1]]
-    assert window_index[0] == 0 and changes == [99, 149, 249, 449, 949] and window_index[-1] == 5
-    # exactly the regularised covariance of the last slow window's draws
-    window = draws[LAST_WINDOW[0] : LAST_WINDOW[1]]
-    n = len(window)
-    sample = np.cov(window.T, ddof=1) if dense else np.var(window, axis=0, ddof=1)
-    eye = np.eye(3) if dense else np.ones(3)
+def test_adapt_step_tunes_at_window_ends(dense: bool) -> None:
+    rng = np.random.default_rng(4)
+    draws = rng.normal(size=(NUM_WARMUP, 3))
+    # noise terms whose window means are known: the largest coordinate's mean is 50 before step 1000, then 200
+    terms = np.ones((NUM_WARMUP, 3)) * np.array([10.0, 50.0, 1.0])
+    terms[1000:, 1] = 200.0
+    state, step_sizes, _ = run_adaptation(draws, terms, dense, adapt_mass=False)
+    ends = [end for _, end in ad.adaptation_schedule(NUM_WARMUP)]  # 300, 400, 600, 1000, 1800, 2000
+    changes = [t for t in range(1, NUM_WARMUP) if step_sizes[t] != step_sizes[t - 1]]
+    assert changes == [300 - 1, 1800 - 1]  # the same noise in every window up to step 1000: the same step size
+    np.testing.assert_allclose(step_sizes[ends[0] - 1 : 1800 - 1], 2 * 0.1 / 50, rtol=1e-5)
+    np.testing.assert_allclose(step_sizes[1800 - 1 :], 2 * 0.1 / 200, rtol=1e-5)  # the window [1000, 1800)
+    assert int(state.window_index) == len(ends)
+    # frozen after the warm-up, whatever comes
+    steps = NUM_WARMUP + 50
+    draws, terms = np.concatenate([draws, 100 * np.ones((50, 3))]), np.concatenate([terms, 1e6 * np.ones((50, 3))])
+    final, steps_after, scales_after = run_adaptation(draws, terms, dense, steps=steps)
+    assert np.all(steps_after[NUM_WARMUP:] == steps_after[NUM_WARMUP - 1])
+    assert np.all(scales_after[NUM_WARMUP:] == scales_after[NUM_WARMUP - 1])
+    assert int(final.window_index) == len(ends)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_adapt_step_rescales_from_effective_draws(dense: bool) -> None:
+    rng = np.random.default_rng(5)
+    # coordinate 0: independent draws of variance 4 (many effective draws); 1: a slow trend (few); 2: sd 1
+    draws = np.stack([2 * rng.normal(size=NUM_WARMUP), np.linspace(-3, 3, NUM_WARMUP), rng.normal(size=NUM_WARMUP)], 1)
+    state, _, scales = run_adaptation(draws, np.ones((NUM_WARMUP, 3)), dense, tune=False)
     L = as_np(state.preconditioner.scale)
-    estimate = L @ L.T if dense else L * L
-    np.testing.assert_allclose(estimate, n / (n + 5) * sample + 1e-3 * 5 / (n + 5) * eye, rtol=1e-4, atol=1e-6)
-    # ... and the true covariance within the Monte Carlo error of n = 500 iid draws: E = (n/(n+5)) Σ + shrinkage,
-    # sd of a sample covariance entry: sqrt((Σ_ii Σ_jj + Σ_ij²) / (n - 1))
-    var = np.diag(COV3)
-    target = n / (n + 5) * (COV3 if dense else var) + 1e-3 * 5 / (n + 5) * eye
-    sd = np.sqrt((np.outer(var, var) + COV3**2) / (n - 1)) if dense else np.sqrt(2 * var**2 / (n - 1))
-    assert_mc_close("adapted covariance", estimate, target, n / (n + 5) * sd)
-    # the estimator restarted after the last window; nothing entered it in the terminal buffer
-    assert int(state.welford.count) == 0
-
-
-@pytest.mark.parametrize("dense", [True, False])
-def test_adapt_step_frozen_after_warmup_and_in_buffers(dense: bool) -> None:
-    draws = gaussian_samples(NUM_WARMUP, COV3, seed=8)
-    state, _ = run_adaptation(draws, dense)
-    ends = ad.window_ends(ad.adaptation_schedule(NUM_WARMUP), jnp.zeros(1))
-    step = jax.jit(ad.adapt_step, static_argnames="dense")
-    for t in (NUM_WARMUP, NUM_WARMUP + 1, 5 * NUM_WARMUP):
-        after = step(state, jnp.asarray([100.0, -50.0, 3.0]), t, ends, dense=dense)
-        for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(state)):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # the initial buffer: nothing changes either
-    fresh = ad.adapt_init(3, dense, jnp.zeros(1))
-    for t in (0, 74):
-        after = step(fresh, jnp.ones(3), t, ends, dense=dense)
-        for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(fresh)):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    after = step(fresh, jnp.ones(3), 75, ends, dense=dense)  # the first slow window's first step
-    assert int(after.welford.count) == 1
+    scale = np.diag(L) if dense else L
+    # the first slow window [300, 400) rescales u₀ by about 2 (shrunk a little, clipped to [1/3, 3]); later windows
+    # see u₀ with unit variance and leave it near 2
+    assert scales[300 - 2] == 1.0 and 1.6 < scales[400 - 1] < 2.2
+    assert 1.7 < scale[0] < 2.3
+    assert scale[1] == 1.0  # never enough effective draws: kept
+    assert 0.8 < scale[2] < 1.25
 
 
 def test_adapt_step_vmap_and_torch_agree() -> None:
-    schedule = ad.adaptation_schedule(200)  # slow windows [75, 100), [100, 150)
-    draws = np.stack([gaussian_samples(200, COV3, seed=20 + c) for c in range(3)]).astype(np.float32)
-    xs = jnp.asarray(draws)
+    schedule = ad.adaptation_schedule(400)
+    rng = np.random.default_rng(6)
+    draws = (rng.normal(size=(3, 400, 3)) * np.array([2.0, 1.0, 0.5])).astype(np.float32)
+    terms = rng.exponential(size=(3, 400, 3)).astype(np.float32) * 100
+    xs, ts = jnp.asarray(draws), jnp.asarray(terms)
     ends = ad.window_ends(schedule, xs)
+    kwargs = dict(adapt_mass=True, tune_step_size=True, target=0.1, temperature=1.0, max_step_size=0.5)
 
-    def chain(x: jax.Array) -> ad.AdaptState:
-        body = lambda s, t: (ad.adapt_step(s, x[t], t, ends, True), None)  # noqa: E731
-        return jax.lax.scan(body, ad.adapt_init(3, True, x), jnp.arange(200))[0]
+    def chain(x: jax.Array, term: jax.Array) -> ad.AdaptState:
+        def body(s: ad.AdaptState, t: jax.Array) -> tuple[ad.AdaptState, None]:
+            return ad.adapt_step(s, ad.to_u(s.preconditioner, x[t]), term[t], True, t, ends, **kwargs)[0], None
 
-    states = jax.jit(jax.vmap(chain))(xs)
+        return jax.lax.scan(body, ad.adapt_init(ad.identity(3, True, x), 0.01, 1.0), jnp.arange(400))[0]
+
+    states = jax.jit(jax.vmap(chain))(xs, ts)
     t_ends = ad.window_ends(schedule, torch.zeros(1))
     for c in range(3):
-        t_state = ad.adapt_init(3, True, torch.zeros(1))
-        for t in range(200):
-            t_state = ad.adapt_step(t_state, torch.tensor(draws[c, t]), t, t_ends, True)
+        t_state = ad.adapt_init(ad.identity(3, True, torch.zeros(1)), 0.01, 1.0)
+        for t in range(400):
+            u = ad.to_u(t_state.preconditioner, torch.tensor(draws[c, t]))
+            t_state, _ = ad.adapt_step(t_state, u, torch.tensor(terms[c, t]), True, t, t_ends, **kwargs)
         np.testing.assert_allclose(as_np(t_state.preconditioner.scale), as_np(states.preconditioner.scale[c]),
                                    rtol=1e-4, atol=1e-6)  # fmt: skip
-        assert int(t_state.window_index) == int(states.window_index[c]) == 2
-        window = draws[c, 100:150].astype(np.float64)
-        n = 50
-        expected = n / (n + 5) * np.cov(window.T) + 1e-3 * 5 / (n + 5) * np.eye(3)
-        L = as_np(t_state.preconditioner.scale)
-        np.testing.assert_allclose(L @ L.T, expected, rtol=1e-4, atol=1e-6)
-
-
-def test_adapt_step_keeps_preconditioner_when_estimate_not_positive_definite() -> None:
-    ends = ad.window_ends(ad.adaptation_schedule(150), torch.zeros(1))
-    state = ad.adapt_init(2, True, torch.zeros(1))
-    broken = ad.WelfordState(torch.tensor(24, dtype=torch.int32), torch.zeros(2), -torch.ones(2, 2) * 100)
-    after = ad.adapt_step(state._replace(welford=broken), torch.zeros(2), 99, ends, True)  # the window's last step
-    np.testing.assert_array_equal(as_np(after.preconditioner.scale), np.eye(2))
-    assert int(after.window_index) == 1 and int(after.welford.count) == 0
-
-
-def test_adapt_step_dense_mismatch() -> None:
-    ends = ad.window_ends(ad.adaptation_schedule(150), jnp.zeros(1))
-    with pytest.raises(ValueError, match="dense=False"):
-        ad.adapt_step(ad.adapt_init(2, True, jnp.zeros(1)), jnp.zeros(2), 80, ends, dense=False)
+        np.testing.assert_allclose(float(t_state.step_size), float(states.step_size[c]), rtol=1e-5)
+        assert int(t_state.window_index) == int(states.window_index[c]) == len(schedule)

@@ -97,9 +97,9 @@ class GibbsTarget(ModelTarget):
             f"{self.kernel_name}: per-datum scores (SGFS) are not available with local Gibbs sites."
         )
 
-    def draw(self, rng_key, batch_state):
+    def draw(self, rng_key, batch_state, replace=None):
         key_indices, key_local = random.split(rng_key)
-        indices, batch_state = super().draw(key_indices, batch_state)
+        indices, batch_state = super().draw(key_indices, batch_state, replace)
         return (indices, key_local), batch_state
 
     def _prior_local(self, model, rng_key, model_args, model_kwargs):

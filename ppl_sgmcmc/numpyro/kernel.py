@@ -18,9 +18,9 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from ppl_sgmcmc import _checks, health
+from ppl_sgmcmc import _checks, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
-from ppl_sgmcmc.numpyro import gibbs
+from ppl_sgmcmc.numpyro import gibbs, warmup
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors
 from ppl_sgmcmc.rules import has_momentum, refresh_momentum
@@ -35,7 +35,7 @@ class SGMCMCState(NamedTuple):
       (collect them with ``extra_fields=("rule_state.thermostat",)``).
     - **potential_energy**: the *minibatch estimate* ``Ũ_t`` at the point where the step took its
       gradient; noisy and scaled to the full data, not the exact potential ``U``.
-    - **step_size**: the step size ``h_i`` this step used.
+    - **step_size**: the step size ``h_i`` this step used (the tuned one when ``step_size`` was not given).
     - **diverging**: whether this step's gradient, its new state or its step size was non-finite (or the
       step size not positive); the step was then rejected: the chain kept its rule state, except that a
       momentum is redrawn (:func:`ppl_sgmcmc.rules.refresh_momentum`), and its position, except that a rule
@@ -45,8 +45,11 @@ class SGMCMCState(NamedTuple):
     - **gradient_state**: the gradient estimator's state (see :mod:`ppl_sgmcmc.gradients`).
     - **finite_position**: where the last accepted step started (flat; its stochastic gradient was finite):
       where a rejected step of SGLD, pSGLD, SGFS or SGRLD returns.
-    - **adapt_state**: with ``adapt_mass``, the warm-up's mass-matrix adaptation
-      (:class:`ppl_sgmcmc.adaptation.AdaptState`; its ``preconditioner`` is frozen after the warm-up).
+    - **adapt_state**: the warm-up's adaptation (:class:`ppl_sgmcmc.adaptation.AdaptState`: the
+      ``preconditioner`` and the tuned ``step_size``, frozen after the warm-up), or ``()`` when nothing adapts.
+    - **noise**: the running estimate of the gradient noise (:class:`ppl_sgmcmc.noise.NoiseState`).
+    - **noise_ratio**: the noise ratio of this step, ``h max_k c_k V_kk / (2τ)`` (:mod:`ppl_sgmcmc.noise`):
+      about the relative variance the gradient noise adds; collected by default (ArviZ ``sample_stats``).
     - **health**: the known failures the chain's checks found (:class:`ppl_sgmcmc.health.HealthState`),
       reported by :meth:`SGMCMCKernel.report_health`.
     - **rng_key**: the random key for the next step.
@@ -72,6 +75,8 @@ class SGMCMCState(NamedTuple):
     gradient_state: Any
     finite_position: jax.Array
     adapt_state: Any
+    noise: noise.NoiseState
+    noise_ratio: jax.Array
     health: health.HealthState
     rng_key: jax.Array
 
@@ -209,16 +214,16 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     @property
     def default_fields(self):
         """The state fields ``MCMC`` collects unless told otherwise (``extra_fields`` adds more):
-        the latents ``z``, ``diverging`` and the algorithm's ``sample_stats_fields`` (CSGLD's
-        ``log_weight`` and ``partition``).
+        the latents ``z``, ``diverging``, ``step_size``, ``noise_ratio`` and the algorithm's
+        ``sample_stats_fields`` (CSGLD's ``log_weight`` and ``partition``).
 
         **Example**::
 
             >>> from ppl_sgmcmc.numpyro import SGLD
             >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1).default_fields
-            ('z', 'diverging')
+            ('z', 'diverging', 'step_size', 'noise_ratio')
         """
-        return ("z", "diverging", *self.sample_stats_fields)
+        return ("z", "diverging", "step_size", "noise_ratio", *self.sample_stats_fields)
 
     def get_diagnostics_str(self, state):
         """The progress bar's postfix: ``Ũ_t``, the step size and the number of rejected steps.
@@ -344,7 +349,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """
         name = self.name
         self._set_warmup(num_warmup)
-        _checks.first_step_size(self.step_size_at(0), name)
+        if not self._tune:
+            _checks.first_step_size(self.step_size_at(0), name)
         if self._start_warning:
             warnings.warn(self._start_warning, UserWarning, stacklevel=2)
         model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
@@ -460,13 +466,17 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             return state._replace(
                 health=health.update(
                     state.health, state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0],
-                    state.rule_state,
+                    state.rule_state, self._measured_ratio(state), self.noise_ratio_limit,
                 )
             )
 
         if self._vectorized:
             return lax.cond(health.passed_power_of_two(before[0], state.i[0]), vmap(update), lambda s: s, state)
         return lax.cond(health.passed_power_of_two(before, state.i), update, lambda s: s, state)
+
+    def _measured_ratio(self, state):
+        """The noise ratio once the estimate averages :data:`ppl_sgmcmc.noise.HORIZON` steps, else NaN."""
+        return jnp.where(state.noise.count >= noise.HORIZON, state.noise_ratio, jnp.nan)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -483,22 +493,44 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     # --- the chain ---------------------------------------------------------------------------
     def _init_state(self, init_params, rng_key, model_args, model_kwargs):
         key_batch, key_noise, key_draw, rng_key = random.split(rng_key, 4)
+        key_mode, key_hessian, key_probe = random.split(random.fold_in(key_draw, 1), 3)
+        target = self._target
+
+        def gradient(x, batch):
+            return target.gradient(x, self._unravel, batch, model_args, model_kwargs)
+
         flat, _ = ravel_pytree(init_params)
-        batch_state = self._target.init_batch(key_batch)
-        batch, batch_state = self._target.draw(key_draw, batch_state)
-        gradient = self._target.gradient(flat, self._unravel, batch, model_args, model_kwargs)
+        batch_state = target.init_batch(key_batch)
+        if self._find_mode_steps:
+            flat = warmup.find_mode(gradient, target.draw, batch_state, flat, key_mode, self._find_mode_steps)
+            init_params = self._unravel(flat)
+        laplace = probe = None
+        if self._adapt_mass:
+            rows = warmup.hessian_rows(target.data_size, flat.shape[0])
+            flat, laplace = self._laplace(flat, *warmup.hessian(gradient, target.epoch(key_hessian, rows), flat))
+            init_params = self._unravel(flat)
+        if self._tune:
+            rows = warmup.PROBE_BATCHES * max((n for _, n in getattr(target, "plate_sizes", {}).values()), default=1)
+            probe = warmup.probe(gradient, target.epoch(key_probe, rows), flat)
+        batch, batch_state = target.draw(key_draw, batch_state)
+        first = gradient(flat, batch)
+        rule_state = self.rule_init(flat, random.normal(key_noise, flat.shape, flat.dtype))
+        adapt_state, rule_state = self._initial_adaptation(flat, laplace, probe, rule_state)
+        step_size = jnp.asarray(self.step_size_in(adapt_state, 0), flat.dtype)
         return self.state_type(
             i=jnp.zeros((), jnp.int32),
             z=init_params,
-            rule_state=self.rule_init(flat, random.normal(key_noise, flat.shape, flat.dtype)),
-            potential_energy=gradient.energy,
-            step_size=jnp.asarray(self.step_size_at(0), flat.dtype),
+            rule_state=rule_state,
+            potential_energy=first.energy,
+            step_size=step_size,
             diverging=jnp.zeros((), bool),
             num_diverging=jnp.zeros((), jnp.int32),
             batch_state=batch_state,
             gradient_state=self._estimator.init(flat),
             finite_position=flat,
-            adapt_state=self._init_adaptation(flat),
+            adapt_state=adapt_state,
+            noise=noise.init(flat),
+            noise_ratio=jnp.full((), jnp.nan, flat.dtype),
             health=health.init(flat),
             rng_key=rng_key,
         )
@@ -516,7 +548,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         return state._replace(diverging=diverging)
 
     def _step(self, state, model_args, model_kwargs):
-        """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite."""
+        """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite,
+        measure the gradient noise and, during the warm-up, adapt."""
         rng_key, key_draw, key_noise = random.split(state.rng_key, 3)
         batch, batch_state = self._target.draw(key_draw, state.batch_state)
         flat, _ = ravel_pytree(state.z)
@@ -526,10 +559,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             lambda x: self._target.gradient(x, self._unravel, batch, model_args, model_kwargs),
             state.i,
         )
-        noise = random.normal(key_noise, flat.shape, flat.dtype)
-        step_size = self.step_size_at(state.i)
+        noise_draw = random.normal(key_noise, flat.shape, flat.dtype)
+        step_size = jnp.asarray(self.step_size_in(state.adapt_state, state.i), flat.dtype)
         new_flat, rule_state, gradient, at_start = self._move(
-            flat, state.rule_state, grad_fn, noise, state.i, state.adapt_state
+            flat, state.rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state
         )
         # a non-finite gradient reaches the new position through every rule
         finite = _all_finite((gradient.energy, new_flat, rule_state)) & (step_size > 0)
@@ -551,18 +584,30 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 ),
             )
         new_flat = keep(new_flat, safe_flat)
+        rule_state = jax.tree.map(keep, rule_state, kept_rule_state)
+        noise_state, term, valid = self._measure_noise(state.noise, gradient, rule_state, finite, state.i)
+        adapt_state = state.adapt_state
+        if self.adapts:
+            adapt_state, noise_state, rule_state = warmup.when(
+                state.i < self._num_warmup_steps,
+                lambda ops, args: self._adapt(*ops, *args),
+                (adapt_state, noise_state, rule_state),
+                (new_flat, term, valid, state.i),
+            )
         return self.state_type(
             i=state.i + 1,
             z=self._unravel(new_flat),
-            rule_state=jax.tree.map(keep, rule_state, kept_rule_state),
+            rule_state=rule_state,
             potential_energy=keep(gradient.energy, state.potential_energy),
-            step_size=jnp.asarray(step_size, flat.dtype),
+            step_size=step_size,
             diverging=~finite,
             num_diverging=state.num_diverging + (~finite).astype(jnp.int32),
             batch_state=batch_state,
             gradient_state=jax.tree.map(keep, gradient_state, state.gradient_state),
             finite_position=finite_position,
-            adapt_state=self._adapt(state.adapt_state, new_flat, state.i),
+            adapt_state=adapt_state,
+            noise=noise_state,
+            noise_ratio=noise.ratio(noise_state, step_size, self.temperature_at(state.i)),
             health=state.health,
             rng_key=rng_key,
         )

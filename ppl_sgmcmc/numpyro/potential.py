@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax, random
 from numpyro.distributions.transforms import biject_to
 from numpyro.handlers import seed, substitute, trace
 from numpyro.infer.gibbs import subsample_plate_sizes
@@ -89,6 +90,10 @@ class Target(Protocol):
         model_kwargs: Mapping[str, Any],
     ) -> StochasticGradient:
         """``Ũ_t``, its gradient and the mean per-datum score at ``flat`` on the step's ``batch``."""
+        ...
+
+    def epoch(self, rng_key: jax.Array, rows: int) -> Batch:
+        """Stacked batches covering up to ``rows`` distinct data rows, for the warm-up's averages."""
         ...
 
     def postprocess_fn(
@@ -391,10 +396,42 @@ class ModelTarget:
         return minibatch.init(key, self.plate_sizes, self.replace)
 
     def draw(
-        self, rng_key: jax.Array, batch_state: minibatch.BatchState
+        self, rng_key: jax.Array, batch_state: minibatch.BatchState, replace: bool | None = None
     ) -> tuple[dict[str, jax.Array], minibatch.BatchState]:
-        """``{plate name: minibatch indices}`` for one step, and the advanced minibatch state."""
-        return minibatch.draw(rng_key, batch_state, self.plate_sizes, self.replace)
+        """``{plate name: minibatch indices}`` for one step, and the advanced minibatch state (``replace``
+        overrides the kernel's choice)."""
+        return minibatch.draw(rng_key, batch_state, self.plate_sizes, self.replace if replace is None else replace)
+
+    def epoch(self, rng_key: jax.Array, rows: int) -> Any:
+        """Minibatches covering ``rows`` distinct rows of the largest subsampled plate (drawn without
+        replacement; smaller plates start new epochs), stacked along a leading axis: what the warm-up's
+        Hessian and noise probe average over. One full-data batch for a model without subsampled plates.
+
+        **Example** (5 minibatches of 2 rows, all 10 rows of the plate once)::
+
+            >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+            >>> from ppl_sgmcmc.numpyro.potential import ModelTarget
+            >>> def model(y):
+            ...     mu = numpyro.sample("mu", dist.Normal(0, 1))
+            ...     with numpyro.plate("data", y.shape[0], subsample_size=2):
+            ...         numpyro.sample("y", dist.Normal(mu, 1), obs=numpyro.subsample(y, event_dim=0))
+            >>> target = ModelTarget(model, (jnp.zeros(10),), {}, jax.random.PRNGKey(0), True, "SGLD")
+            >>> batches = target.epoch(jax.random.PRNGKey(1), 10)
+            >>> batches["data"].shape, sorted(batches["data"].ravel().tolist()) == list(range(10))
+            ((5, 2), True)
+        """
+        if not self.plate_sizes:
+            return jax.tree.map(lambda x: x[None], self.draw(rng_key, self.init_batch(rng_key))[0])
+        size, n = max(self.plate_sizes.values())
+        count = max(1, min(size, rows) // n)
+        key_state, key_draws = random.split(rng_key)
+        state = minibatch.init(key_state, self.plate_sizes, replace=False)
+
+        def body(state, key):
+            batch, state = self.draw(key, state, replace=False)
+            return state, batch
+
+        return lax.scan(body, state, random.split(key_draws, count))[1]
 
     def _energies(
         self, z: Params, batch: Batch, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any]
@@ -515,6 +552,14 @@ class PotentialTarget:
     def draw(self, rng_key: jax.Array, batch_state: minibatch.BatchState) -> tuple[jax.Array, minibatch.BatchState]:
         """The step's key is the step's data: ``potential_fn(z, rng_key)`` uses it."""
         return rng_key, batch_state
+
+    #: The keys :meth:`epoch` gives a stochastic ``potential_fn``.
+    EPOCH_KEYS = 16
+
+    def epoch(self, rng_key: jax.Array, rows: int) -> jax.Array:
+        """Stacked keys to average over: :data:`EPOCH_KEYS` of them for a stochastic ``potential_fn``, one
+        otherwise (``rows`` is the model targets' notion)."""
+        return random.split(rng_key, self.EPOCH_KEYS if self.stochastic else 1)
 
     def gradient(
         self,

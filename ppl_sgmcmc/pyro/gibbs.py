@@ -92,9 +92,13 @@ class GibbsTarget(ModelTarget):
         )
 
     # --- a step ----------------------------------------------------------------------------------
-    def draw(self, generator, batch_state):
-        indices, batch_state = super().draw(generator, batch_state)
+    def draw(self, generator, batch_state, replace=None):
+        indices, batch_state = super().draw(generator, batch_state, replace)
         return (indices, int(torch.randint(0, 2**62, (), generator=generator))), batch_state
+
+    def differentiable_energy(self, x, batch):
+        indices, seed = batch
+        return sum(self.energies(x, (indices, self.local_samples(x, indices, seed)), self.model_args, self.model_kwargs))
 
     def local_samples(self, flat, indices, seed):
         """The kept sweeps of the local sites at the unconstrained ``flat``: ``{name: (kept, *shape)}``."""

@@ -51,9 +51,10 @@ def _check(mcmc: MCMC, needs_model: bool = True) -> None:
 
 def sample_stats(mcmc: MCMC) -> dict[str, np.ndarray]:
     """The per-draw statistics a kernel records besides ``diverging``, as ``{name: array (chain, draw)}``
-    (NumPy): ``log_weight`` and ``partition`` for :class:`~ppl_sgmcmc.pyro.CSGLD` and
-    :class:`~ppl_sgmcmc.pyro.CSGHMC`; ``{}`` for the other kernels. Pyro's ``MCMC`` returns them
-    through each chain's :meth:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel.diagnostics`.
+    (NumPy): ``step_size`` and ``noise_ratio`` (:mod:`ppl_sgmcmc.noise`), and ``log_weight`` and ``partition``
+    for :class:`~ppl_sgmcmc.pyro.CSGLD` and :class:`~ppl_sgmcmc.pyro.CSGHMC` (the kernel's
+    :attr:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel.recorded_fields`). Pyro's ``MCMC`` returns them through each
+    chain's :meth:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel.diagnostics`.
 
     :param mcmc: a finished :class:`pyro.infer.MCMC` run of an SG-MCMC kernel (from a model or a
         ``potential_fn``).
@@ -70,12 +71,12 @@ def sample_stats(mcmc: MCMC) -> dict[str, np.ndarray]:
         ...             disable_progbar=True)
         >>> mcmc.run()
         >>> {name: values.shape for name, values in sample_stats(mcmc).items()}
-        {'log_weight': (1, 20), 'partition': (1, 20)}
+        {'step_size': (1, 20), 'noise_ratio': (1, 20), 'log_weight': (1, 20), 'partition': (1, 20)}
     """
     _check(mcmc, needs_model=False)
     chains = mcmc._diagnostics
     out = {}
-    for name in getattr(mcmc.kernel, "sample_stats_fields", ()):
+    for name in mcmc.kernel.recorded_fields:
         if chains and all(chain is not None and name in chain for chain in chains):
             out[name] = np.stack([np.asarray(chain[name]) for chain in chains])
     return out

@@ -16,8 +16,9 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ppl_sgmcmc import _checks, health
+from ppl_sgmcmc import _checks, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
+from ppl_sgmcmc.pyro import warmup
 from ppl_sgmcmc.pyro.gibbs import GibbsTarget
 from ppl_sgmcmc.pyro.handlers import FullDataModel, as_tensors
 from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
@@ -41,8 +42,10 @@ class SGMCMCState(NamedTuple):
     - **num_diverging**: the number of rejected steps so far (warm-up included).
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.pyro.minibatch`).
     - **gradient_state**: the gradient estimator's state (see :mod:`ppl_sgmcmc.gradients`).
-    - **adapt_state**: with ``adapt_mass``, the warm-up's mass-matrix adaptation
-      (:class:`ppl_sgmcmc.adaptation.AdaptState`; its ``preconditioner`` is frozen after the warm-up).
+    - **adapt_state**: the warm-up's adaptation (:class:`ppl_sgmcmc.adaptation.AdaptState`: the
+      ``preconditioner`` and the tuned ``step_size``, frozen after the warm-up), or ``()`` when nothing adapts.
+    - **noise**: the running estimate of the gradient noise (:class:`ppl_sgmcmc.noise.NoiseState`).
+    - **noise_ratio**: the noise ratio of the last step (:mod:`ppl_sgmcmc.noise`), a float.
 
     **Example** (the state after the first step)::
 
@@ -67,6 +70,8 @@ class SGMCMCState(NamedTuple):
     batch_state: NamedTuple
     gradient_state: Any
     adapt_state: Any
+    noise: noise.NoiseState
+    noise_ratio: float
 
 
 class SGMCMCKernel(Algorithm, MCMCKernel):
@@ -123,7 +128,20 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._release()
         self._divergences = []
         self._num_diverging = 0
-        self._records = {field: [] for field in self.sample_stats_fields}
+        self._records = {field: [] for field in self.recorded_fields}
+
+    @property
+    def recorded_fields(self):
+        """The per-draw statistics the kernel records after the warm-up (ArviZ ``sample_stats``, through
+        :meth:`diagnostics`): ``step_size``, ``noise_ratio`` and the algorithm's ``sample_stats_fields``.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.pyro import CSGLD
+            >>> CSGLD(potential_fn=lambda z: 0.0, step_size=0.1).recorded_fields
+            ('step_size', 'noise_ratio', 'log_weight', 'partition')
+        """
+        return ("step_size", "noise_ratio", *self.sample_stats_fields)
 
     @property
     def _score_kind(self):
@@ -303,10 +321,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._draws = 0
         self._health = health.Reporter(name)
         self._health_state = None  # the checks' state (ppl_sgmcmc.health.HealthState), from the first check
-        _checks.first_step_size(self.step_size_at(0), name)
+        if not self._tune:
+            _checks.first_step_size(self.step_size_at(0), name)
         self._divergences = []
         self._num_diverging = 0
-        self._records = {field: [] for field in self.sample_stats_fields}
+        self._records = {field: [] for field in self.recorded_fields}
         self._logging = None
         if resume is not None:
             self._continue_chain(resume)
@@ -357,25 +376,25 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             if diverging:
                 self._divergences.append(draw - self._warmup_steps)
             for field, values in self._records.items():
-                values.append(getattr(self._state.rule_state, field).item())
+                values.append(float(getattr(self._state, field)))
         if draw >= self._warmup_steps and self._target.deterministic_sites:
             return {**z, **self._target.deterministic(self._flat)}
         return dict(z)
 
     def _step(self):
-        """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite.
-        Returns whether the step was rejected."""
+        """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite,
+        measure the gradient noise and, during the warm-up, adapt. Returns whether the step was rejected."""
         state, flat = self._state, self._flat
         batch, batch_state = self._target.draw(self._generator, state.batch_state)
         grad_fn, gradient_state = self._estimator.estimate(
             state.gradient_state, flat, lambda x: self._target.gradient(x, batch, self._score_kind), state.i
         )
-        step_size = self.step_size_at(state.i)
-        noise = self._normal(flat)
-        finite, at_start = False, False
+        step_size = float(self.step_size_in(state.adapt_state, state.i))
+        noise_draw = self._normal(flat)
+        finite, at_start, gradient = False, False, None
         if step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
             new_flat, rule_state, gradient, at_start = self._move(
-                flat, state.rule_state, grad_fn, noise, state.i, state.adapt_state
+                flat, state.rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state
             )
             # one reduction: a sum is finite only if its terms are (a non-finite gradient reaches the new state)
             total = gradient.energy + new_flat.sum()
@@ -388,9 +407,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         # the model is undefined is undone. Other rules keep the position.
         if at_start:
             flat, self._finite_flat = (flat, flat) if finite else (self._finite_flat, self._finite_flat)
+        noise_state, adapt_state = state.noise, state.adapt_state
         if finite:
             self._flat = new_flat
             energy, diverging = gradient.energy, False
+            noise_state, term, valid = self._measure_noise(noise_state, gradient, rule_state, True, state.i)
         else:
             self._flat = flat
             rule_state, energy, diverging = state.rule_state, state.potential_energy, True
@@ -398,6 +419,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             if has_momentum(rule_state):  # redraw the momentum that made the step diverge
                 rule_state = refresh_momentum(rule_state, self._normal(flat), self.temperature_at(state.i))
             self._num_diverging += 1
+            term, valid = torch.zeros_like(flat), False
+        if self.adapts and state.i < self._num_warmup_steps:
+            adapt_state, noise_state, rule_state = self._adapt(
+                adapt_state, noise_state, rule_state, self._flat, term, valid, state.i
+            )
         # z is filled in once per draw, by `sample`
         self._state = self.state_type(
             state.i + 1,
@@ -409,7 +435,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._num_diverging,
             batch_state,
             gradient_state,
-            self._adapt(state.adapt_state, self._flat, state.i),
+            adapt_state,
+            noise_state,
+            float(noise.ratio(noise_state, step_size, self.temperature_at(state.i))),
         )
         return diverging
 
@@ -419,18 +447,32 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         flat = flat.to(torch.get_default_dtype()) if not flat.is_floating_point() else flat
         if self._start_warning:
             warnings.warn(self._start_warning, UserWarning, stacklevel=3)
+        target, score_kind = self._target, self._score_kind
+        if self._find_mode_steps:
+            flat = warmup.find_mode(target, flat, self._generator, self._find_mode_steps, score_kind)
+        laplace = probe = None
+        if self._adapt_mass:
+            rows = warmup.hessian_rows(target.data_size, flat.shape[0])
+            flat, laplace = self._laplace(flat, *warmup.hessian(target, flat, target.epoch(self._generator, rows)))
+        if self._tune:
+            n = max((n for _, n in target.plate_sizes.values()), default=1)
+            probe = warmup.probe(target, flat, target.epoch(self._generator, warmup.PROBE_BATCHES * n), score_kind)
         self._flat = self._finite_flat = flat
+        rule_state = self.rule_init(flat, self._normal(flat))
+        adapt_state, rule_state = self._initial_adaptation(flat, laplace, probe, rule_state)
         self._state = self.state_type(
             i=0,
             z=self._target.layout.unravel(flat),
-            rule_state=self.rule_init(flat, self._normal(flat)),
+            rule_state=rule_state,
             potential_energy=torch.full((), float("nan"), dtype=flat.dtype),
-            step_size=self.step_size_at(0),
+            step_size=float(self.step_size_in(adapt_state, 0)),
             diverging=False,
             num_diverging=0,
             batch_state=self._target.init_batch(self._generator),
             gradient_state=self._estimator.init(flat),
-            adapt_state=self._init_adaptation(flat),
+            adapt_state=adapt_state,
+            noise=noise.init(flat),
+            noise_ratio=float("nan"),
         )
 
     def _report_health(self):
@@ -438,7 +480,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         state = self._state
         if state is not None:
             checks = self._health_state if self._health_state is not None else health.init(self._flat)
-            checks = health.update(checks, state.i, state.num_diverging, state.step_size, self._flat, state.rule_state)
+            ratio = state.noise_ratio if int(state.noise.count) >= noise.HORIZON else float("nan")
+            checks = health.update(
+                checks, state.i, state.num_diverging, state.step_size, self._flat, state.rule_state, ratio,
+                self.noise_ratio_limit,
+            )
             self._health_state = checks
             self._health.report(checks.flags.tolist(), checks.values.tolist())
 
@@ -484,7 +530,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             >>> kernel.initial_params = {"x": torch.ones(2)}
             >>> kernel.setup(warmup_steps=0)
             >>> kernel.sample(kernel.initial_params)["x"], kernel.diagnostics()
-            (tensor([1., 1.]), {'divergences': [0], 'num_diverging': 1})
+            (tensor([1., 1.]), {'divergences': [0], 'num_diverging': 1, 'step_size': [0.1], 'noise_ratio': [nan]})
         """
         out = {"divergences": list(self._divergences), "num_diverging": self._num_diverging}
         out.update({field: list(values) for field, values in self._records.items()})

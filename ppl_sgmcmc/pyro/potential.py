@@ -514,9 +514,28 @@ class ModelTarget:
         """The minibatch sampler's state at the start of a chain (see :mod:`~ppl_sgmcmc.pyro.minibatch`)."""
         return minibatch.init(generator, self.plate_sizes, self.replace)
 
-    def draw(self, generator, batch_state):
-        """One step's indices ``{plate: (n,) tensor}`` and the advanced batch state."""
-        return minibatch.draw(generator, batch_state, self.plate_sizes, self.replace)
+    def draw(self, generator, batch_state, replace=None):
+        """One step's indices ``{plate: (n,) tensor}`` and the advanced batch state (``replace`` overrides
+        the kernel's choice)."""
+        return minibatch.draw(generator, batch_state, self.plate_sizes, self.replace if replace is None else replace)
+
+    def epoch(self, generator, rows):
+        """Minibatches covering ``rows`` distinct rows of the largest subsampled plate (drawn without
+        replacement), a list: what the warm-up's Hessian and noise probe average over (see
+        :meth:`ppl_sgmcmc.numpyro.potential.ModelTarget.epoch`). One full-data batch without plates."""
+        if not self.plate_sizes:
+            return [self.draw(generator, self.init_batch(generator))[0]]
+        size, n = max(self.plate_sizes.values())
+        state = minibatch.init(generator, self.plate_sizes, replace=False)
+        batches = []
+        for _ in range(max(1, min(size, rows) // n)):
+            batch, state = self.draw(generator, state, replace=False)
+            batches.append(batch)
+        return batches
+
+    def differentiable_energy(self, x, batch):
+        """``Ũ_t(x)`` on ``batch`` as a differentiable function of ``x`` (run eagerly: the Hessian)."""
+        return sum(self.energies(x, batch, self.model_args, self.model_kwargs))
 
     # --- the potential -------------------------------------------------------------------------
     def energies(self, flat, batch, model_args, model_kwargs, per_datum=False, local=None):
@@ -708,6 +727,22 @@ class PotentialTarget:
     def draw(self, generator, batch_state):
         """The "batch" of a stochastic ``potential_fn`` is the chain's generator."""
         return generator, batch_state
+
+    #: The generators :meth:`epoch` gives a stochastic ``potential_fn``.
+    EPOCH_DRAWS = 16
+
+    def epoch(self, generator, rows):
+        """Batches to average over: :data:`EPOCH_DRAWS` generators forked from the chain's for a stochastic
+        ``potential_fn``, one ``None`` otherwise."""
+        if not self.stochastic:
+            return [None]
+        return [torch.Generator().manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
+                for _ in range(self.EPOCH_DRAWS)]
+
+    def differentiable_energy(self, x, batch):
+        """``Ũ(x)`` as a differentiable function of ``x``."""
+        z = self.layout.unravel(x)
+        return self.potential_fn(z, batch) if self.stochastic else self.potential_fn(z)
 
     def gradient(self, flat, batch, with_score=False):
         """``Ũ`` and its gradient by autograd; the score is ``-∇Ũ`` (no data to separate from a prior)."""

@@ -1,0 +1,184 @@
+"""A chain's start on the NumPyro backend: the approximate mode, the Hessian there and the noise probe.
+
+The warm-up's backend-neutral part is :mod:`ppl_sgmcmc.adaptation`; this module computes what it needs
+from a target (:mod:`~ppl_sgmcmc.numpyro.potential`), inside the kernel's compiled ``init``:
+
+* :func:`find_mode`: Adam (``optax``) with a cosine-decaying learning rate on the same minibatch
+  potential the chain samples, from the init strategy's point; a step whose gradient is not finite
+  returns to the last point whose gradient was (a step into a region where the model is undefined is
+  undone).
+* :func:`hessian`: the Hessian of the potential at a point and its gradient, the means over up to
+  :data:`HESSIAN_ROWS` rows of the data drawn without replacement (all of them for smaller data sets),
+  each by forward-over-reverse differentiation of the minibatch gradient.
+* :func:`probe`: :data:`PROBE_BATCHES` minibatch gradients at one point, whose spread is the gradient
+  noise that sets the first step size.
+* :func:`when`: ``fn(operand)`` if a predicate holds: a branch, kept a branch under ``jax.vmap`` (the
+  warm-up's adaptation is skipped after the warm-up by all chains at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import custom_batching, lax, random, vmap
+
+__all__ = ["FIND_MODE_FINAL_RATE", "FIND_MODE_RATE", "HESSIAN_ROWS", "PROBE_BATCHES", "find_mode", "hessian", "probe",
+           "when"]
+
+#: Adam's learning rate at the start of :func:`find_mode` and, as a fraction of it, at the end.
+FIND_MODE_RATE, FIND_MODE_FINAL_RATE = 0.1, 0.01
+#: The most data rows (of the largest subsampled plate) the Hessian averages over.
+HESSIAN_ROWS = 2**16
+#: The largest ``rows × d`` of a Hessian: fewer rows for many latents.
+HESSIAN_ENTRIES = 2**24
+#: The minibatch gradients of the noise probe.
+PROBE_BATCHES = 64
+
+GradientFn = Callable[[jax.Array, Any], Any]  # (flat position, batch) -> StochasticGradient
+
+
+def _all_finite(x: jax.Array) -> jax.Array:
+    return jnp.isfinite(jnp.sum(x))
+
+
+def find_mode(gradient: GradientFn, draw: Callable[[jax.Array, Any], tuple[Any, Any]], batch_state: Any,
+              flat: jax.Array, rng_key: jax.Array, steps: int) -> jax.Array:  # fmt: skip
+    """``steps`` steps of Adam on the minibatch potential from ``flat``: an approximate mode.
+
+    The learning rate decays from :data:`FIND_MODE_RATE` to ``FIND_MODE_RATE × FIND_MODE_FINAL_RATE`` along
+    a cosine (``optax.cosine_decay_schedule``); Adam's steps are about that long in every coordinate,
+    whatever the gradient's scale. A step whose gradient is not finite moves back to the last point whose
+    gradient was finite and leaves Adam's moments unchanged.
+
+    :param gradient: ``(flat, batch) -> StochasticGradient`` of the minibatch potential.
+    :param draw: ``(rng_key, batch_state) -> (batch, batch_state)``, the target's minibatch draw.
+    :param batch_state: the minibatch sampler's state to start from.
+    :param flat: the start, a flat position.
+    :param rng_key: a PRNG key.
+    :param steps: the number of optimiser steps.
+    :return: the end point.
+
+    **Example** (the mode of ``U(x) = |x - 3|²/2``)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from ppl_sgmcmc.numpyro.warmup import find_mode
+        >>> from ppl_sgmcmc.rules import StochasticGradient
+        >>> def gradient(x, batch):
+        ...     return StochasticGradient(jnp.sum((x - 3) ** 2) / 2, x - 3, None)
+        >>> x = find_mode(gradient, lambda key, s: (key, s), (), jnp.zeros(2), jax.random.PRNGKey(0), 1000)
+        >>> [round(v, 2) for v in x.tolist()]
+        [3.0, 3.0]
+    """
+    optimizer = optax.adam(optax.cosine_decay_schedule(FIND_MODE_RATE, steps, alpha=FIND_MODE_FINAL_RATE))
+
+    def body(carry, key):
+        x, last_good, opt_state, batch_state = carry
+        batch, batch_state = draw(key, batch_state)
+        g = gradient(x, batch).grad
+        finite = _all_finite(g)
+        updates, new_opt_state = optimizer.update(jnp.where(finite, g, 0.0), opt_state, x)
+        opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_opt_state, opt_state)
+        x, last_good = jnp.where(finite, optax.apply_updates(x, updates), last_good), jnp.where(finite, x, last_good)
+        return (x, last_good, opt_state, batch_state), None
+
+    (x, _, _, _), _ = lax.scan(body, (flat, flat, optimizer.init(flat), batch_state), random.split(rng_key, steps))
+    return x
+
+
+def hessian(gradient: GradientFn, batches: Any, flat: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The means over ``batches`` (a pytree of stacked minibatches) of the Hessian of the minibatch potential at
+    ``flat``, ``(d, d)``, and of its gradient: the Jacobian of the gradient by forward-mode differentiation
+    (``jax.jacfwd``), one minibatch at a time.
+
+    **Example** (``U(x) = x₀² + 3 x₀ x₁ + 2 x₁²``, the same on every batch)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from ppl_sgmcmc.numpyro.warmup import hessian
+        >>> from ppl_sgmcmc.rules import StochasticGradient
+        >>> def energy(x):
+        ...     return x[0] ** 2 + 3 * x[0] * x[1] + 2 * x[1] ** 2
+        >>> def gradient(x, batch):
+        ...     return StochasticGradient(energy(x), jax.grad(energy)(x), None)
+        >>> H, g = hessian(gradient, jnp.arange(4), jnp.array([1.0, 0.0]))
+        >>> H.tolist(), g.tolist()
+        ([[2.0, 3.0], [3.0, 4.0]], [2.0, 3.0])
+    """
+    count = jax.tree.leaves(batches)[0].shape[0]
+    d = flat.shape[0]
+
+    def body(totals, batch):
+        grad_fn = lambda x: gradient(x, batch).grad  # noqa: E731
+        grad, hvp = jax.linearize(grad_fn, flat)
+        return (totals[0] + jax.vmap(hvp)(jnp.eye(d, dtype=flat.dtype)), totals[1] + grad), None
+
+    (H, g), _ = lax.scan(body, (jnp.zeros((d, d), flat.dtype), jnp.zeros(d, flat.dtype)), batches)
+    return H / count, g / count
+
+
+def hessian_rows(data_size: int, dim: int) -> int:
+    """How many rows :func:`hessian` averages over: all ``data_size`` up to :data:`HESSIAN_ROWS`, and at most
+    ``HESSIAN_ENTRIES / dim``.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.numpyro.warmup import hessian_rows
+        >>> hessian_rows(32561, 123), hessian_rows(10**7, 20), hessian_rows(60000, 10**4)
+        (32561, 65536, 1677)
+    """
+    return max(1, min(data_size, HESSIAN_ROWS, HESSIAN_ENTRIES // dim))
+
+
+def probe(gradient: GradientFn, batches: Any, flat: jax.Array) -> Any:
+    """The stochastic gradients of ``batches`` (stacked minibatches) at ``flat``, stacked
+    (a :class:`~ppl_sgmcmc.rules.StochasticGradient` of rows)."""
+    return vmap(lambda batch: gradient(flat, batch))(batches)
+
+
+def when(pred: jax.Array, fn: Callable[[Any, Any], Any], operand: Any, args: Any = ()) -> Any:
+    """``fn(operand, args)`` if ``pred``, else ``operand``, as a branch (``lax.cond``); ``fn`` must return a
+    pytree like ``operand`` and take every traced value it uses through ``operand`` or ``args`` (not by
+    closure). Under ``jax.vmap`` it stays a branch: ``fn`` runs (for every member, the result kept where
+    ``pred``) only when some member's ``pred`` holds, instead of ``lax.cond``'s batching rule, which evaluates
+    both sides for every member.
+
+    **Example**::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from ppl_sgmcmc.numpyro.warmup import when
+        >>> def add(x, y):
+        ...     return x + y
+        >>> jax.vmap(lambda p, x: when(p, add, x, 1.0))(jnp.array([True, False]), jnp.zeros(2)).tolist()
+        [1.0, 0.0]
+    """
+
+    @custom_batching.custom_vmap
+    def branch(pred, operand, args):
+        return lax.cond(pred, fn, lambda x, _: x, operand, args)
+
+    @branch.def_vmap
+    def branch_batched(
+        axis_size: int, in_batched: Sequence[Any], pred: jax.Array, operand: Any, args: Any
+    ) -> tuple[Any, Any]:
+        def batched(tree: Any, flags: Any) -> Any:
+            return jax.tree.map(
+                lambda x, b: x if b else jnp.broadcast_to(x, (axis_size,) + jnp.shape(x)), tree, flags
+            )
+
+        pred_batched, operand_batched, args_batched = in_batched
+        pred = pred if pred_batched else jnp.broadcast_to(pred, (axis_size,))
+        operand, args = batched(operand, operand_batched), batched(args, args_batched)
+
+        def some():
+            new = vmap(fn)(operand, args)
+            return jax.tree.map(
+                lambda a, b: jnp.where(jnp.reshape(pred, (axis_size,) + (1,) * (jnp.ndim(a) - 1)), a, b), new, operand
+            )
+
+        out = lax.cond(jnp.any(pred), some, lambda: operand)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return branch(pred, operand, args)

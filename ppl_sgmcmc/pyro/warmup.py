@@ -1,0 +1,102 @@
+"""A chain's start on the Pyro backend: the approximate mode, the Hessian there and the noise probe.
+
+The Pyro twin of :mod:`ppl_sgmcmc.numpyro.warmup` (same constants, same semantics), on a target of
+:mod:`~ppl_sgmcmc.pyro.potential`:
+
+* :func:`find_mode`: ``torch.optim.Adam`` with a cosine-annealed learning rate
+  (``torch.optim.lr_scheduler.CosineAnnealingLR``) on the minibatch potential, from the init strategy's
+  point; a step whose gradient is not finite returns to the last point whose gradient was.
+* :func:`hessian`: the means of the minibatch Hessians and gradients over the target's :meth:`epoch`
+  batches, each Hessian by a double backward pass through the model run eagerly (``torch.autograd.grad``
+  with ``create_graph``, then one batched backward pass for all ``d`` columns).
+* :func:`probe`: :data:`~ppl_sgmcmc.numpyro.warmup.PROBE_BATCHES` minibatch gradients at one point,
+  stacked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ppl_sgmcmc.numpyro.warmup import FIND_MODE_FINAL_RATE, FIND_MODE_RATE, PROBE_BATCHES, hessian_rows
+from ppl_sgmcmc.rules import StochasticGradient
+
+__all__ = ["PROBE_BATCHES", "find_mode", "hessian", "hessian_rows", "probe"]
+
+
+def find_mode(target: Any, flat: torch.Tensor, generator: torch.Generator, steps: int, score_kind: Any) -> torch.Tensor:
+    """``steps`` steps of Adam on the minibatch potential from ``flat``: an approximate mode (see
+    :func:`ppl_sgmcmc.numpyro.warmup.find_mode`).
+
+    **Example** (the mode of ``U(x) = |x - 3|²/2``)::
+
+        >>> import torch
+        >>> from ppl_sgmcmc.pyro.potential import PotentialTarget
+        >>> from ppl_sgmcmc.pyro.warmup import find_mode
+        >>> target = PotentialTarget(lambda z: 0.5 * ((z["x"] - 3) ** 2).sum(), "SGLD")
+        >>> target.set_layout({"x": torch.zeros(2)})
+        >>> x = find_mode(target, torch.zeros(2), torch.Generator().manual_seed(0), 1000, False)
+        >>> [round(v, 2) for v in x.tolist()]
+        [3.0, 3.0]
+    """
+    x = flat.detach().clone()
+    last_good = x.clone()
+    optimizer = torch.optim.Adam([x], lr=FIND_MODE_RATE)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps, eta_min=FIND_MODE_RATE * FIND_MODE_FINAL_RATE)
+    batch_state = target.init_batch(generator)
+    for _ in range(steps):
+        batch, batch_state = target.draw(generator, batch_state)
+        grad = target.gradient(x.detach(), batch, score_kind).grad
+        if bool(torch.isfinite(grad.sum())):
+            last_good.copy_(x.detach())
+            x.grad = grad
+            optimizer.step()
+        else:
+            with torch.no_grad():
+                x.copy_(last_good)
+        schedule.step()
+    return x.detach()
+
+
+def hessian(target: Any, flat: torch.Tensor, batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The means over ``batches`` of the Hessian of the minibatch potential at ``flat``, ``(d, d)``, and of its
+    gradient.
+
+    **Example** (``U(x) = x₀² + 3 x₀ x₁ + 2 x₁²``)::
+
+        >>> import torch
+        >>> from ppl_sgmcmc.pyro.potential import PotentialTarget
+        >>> from ppl_sgmcmc.pyro.warmup import hessian
+        >>> target = PotentialTarget(lambda z: z["x"][0] ** 2 + 3 * z["x"][0] * z["x"][1] + 2 * z["x"][1] ** 2, "SGLD")
+        >>> target.set_layout({"x": torch.zeros(2)})
+        >>> H, g = hessian(target, torch.tensor([1.0, 0.0]), [None])
+        >>> H.tolist(), g.tolist()
+        ([[2.0, 3.0], [3.0, 4.0]], [2.0, 3.0])
+    """
+    d = flat.shape[0]
+    eye = torch.eye(d, dtype=flat.dtype, device=flat.device)
+    total = torch.zeros((d, d), dtype=flat.dtype, device=flat.device)
+    total_grad = torch.zeros_like(flat)
+    for batch in batches:
+        rows = None
+        with torch.enable_grad():
+            x = flat.detach().requires_grad_()
+            (grad,) = torch.autograd.grad(target.differentiable_energy(x, batch), x, create_graph=True)
+            total_grad += grad.detach()
+            if grad.requires_grad:  # else the energy is linear in x
+                try:
+                    (rows,) = torch.autograd.grad(grad, x, grad_outputs=eye, is_grads_batched=True, allow_unused=True)
+                except RuntimeError:  # an operation without a batching rule: one column at a time
+                    columns = [torch.autograd.grad(grad, x, v, retain_graph=True, allow_unused=True)[0] for v in eye]
+                    rows = None if columns[0] is None else torch.stack(columns)
+        if rows is not None:
+            total += rows.detach()
+    return total / len(batches), total_grad / len(batches)
+
+
+def probe(target: Any, flat: torch.Tensor, batches: list[Any], score_kind: Any) -> StochasticGradient:
+    """The stochastic gradients of ``batches`` at ``flat``, stacked (rows)."""
+    grads = [target.gradient(flat, batch, score_kind) for batch in batches]
+    score = None if grads[0].score is None else torch.stack([g.score for g in grads])
+    return StochasticGradient(torch.stack([g.energy for g in grads]), torch.stack([g.grad for g in grads]), score)
