@@ -60,6 +60,7 @@ from typing import Any, NamedTuple
 
 from array_api_compat import array_namespace, device, is_jax_namespace, is_numpy_namespace, is_torch_namespace
 
+from ppl_sgmcmc.noise import HORIZON
 from ppl_sgmcmc.rules import StochasticGradient
 from ppl_sgmcmc.rules._types import Array
 
@@ -70,11 +71,13 @@ __all__ = [
     "adapt_init",
     "adapt_step",
     "adaptation_schedule",
+    "ran_off",
     "from_covariance",
     "from_hessian",
     "identity",
+    "equalize_noise",
     "minimum_warmup_steps",
-    "newton_step",
+    "newton_direction",
     "pullback_grad_fn",
     "rescale",
     "to_theta",
@@ -100,12 +103,21 @@ SHRINKAGE = 10
 #: about ``BATCHES`` by batch means, whatever its length).
 MIN_EFFECTIVE = 2 * BATCHES
 
+#: Besides at the windows' ends, the step size is re-tuned whenever this fraction of the warm-up has passed
+#: since it was last set: a smaller step lets the chain settle where the gradient noise differs, so the
+#: step size and the noise it meets converge over several re-tunings.
+RETUNE_FRACTION = 0.025
+
 #: A window may rescale a coordinate of ``u`` by at most this factor (or its inverse): a window in which the
 #: chain did not explore a direction must not collapse it.
 MAX_RESCALE = 3.0
 
 #: Eigenvalues of a Hessian are floored at this fraction of the largest (float32 resolves about 10⁻⁷).
 HESSIAN_FLOOR = 1e-6
+
+#: No coordinate of ``u`` may carry more than this many times the median coordinate's gradient noise
+#: (:func:`equalize_noise`).
+NOISE_SPREAD = 4.0
 
 
 # --- the schedule ----------------------------------------------------------------------------------------
@@ -384,33 +396,39 @@ def from_hessian(hessian: Array, dense: bool) -> tuple[Preconditioner, Array]:
     return pre, xp.max(xp.abs(xp.linalg.eigvalsh(scale[:, None] * hessian * scale[None, :])))
 
 
-#: A Newton step of :func:`newton_step` moves at most this many times ``sqrt(d)`` posterior standard deviations.
+#: A Newton step of :func:`newton_direction` moves at most this many times ``sqrt(d)`` posterior standard deviations.
 NEWTON_RADIUS = 10.0
 
 
-def newton_step(theta: Array, hessian: Array, gradient: Array) -> Array:
-    """One Newton step ``θ - H'⁻¹ g`` with the regularised Hessian ``H'`` of :func:`from_hessian` (dense):
-    from a point near a mode, the mode of the Laplace approximation. The step is shortened to at most
+def newton_direction(hessian: Array, gradient: Array) -> Array:
+    """The Newton step ``H'⁻¹ g`` with the regularised Hessian ``H'`` of :func:`from_hessian` (dense): from a
+    point near a mode, ``θ - H'⁻¹ g`` is the mode of the Laplace approximation. The step is shortened to at most
     :data:`NEWTON_RADIUS` ``sqrt(d)`` in the whitened coordinates of ``H'`` (the typical set of a Gaussian lies
-    at about ``sqrt(d)``), and skipped if it is not finite.
+    at about ``sqrt(d)``), and is zero if it is not finite. Where the posterior is not close to a Gaussian (a
+    neural network, a point far from the mode) the step can overshoot: the backends take the best of a few
+    fractions of it on the Hessian's own minibatches (a line search with common random numbers).
 
     **Example** (a Gaussian's mode from anywhere, in one step)::
 
         >>> import jax.numpy as jnp
-        >>> from ppl_sgmcmc.adaptation import newton_step
+        >>> from ppl_sgmcmc.adaptation import newton_direction
         >>> H, mode = jnp.array([[4.0, 1.8], [1.8, 1.0]]), jnp.array([1.0, -2.0])
         >>> theta = jnp.array([3.0, 0.5])
-        >>> [round(v, 4) for v in newton_step(theta, H, H @ (theta - mode)).tolist()]
+        >>> [round(v, 4) for v in (theta - newton_direction(H, H @ (theta - mode))).tolist()]
         [1.0, -2.0]
     """
-    xp = array_namespace(theta, hessian)
+    xp = array_namespace(hessian, gradient)
     pre, _ = from_hessian(hessian, dense=True)
     whitened = _pull(pre, gradient)  # Lᵀ g, the step's length in the whitened coordinates
     length = xp.sqrt(xp.sum(xp.multiply(whitened, whitened)))
-    limit = NEWTON_RADIUS * theta.shape[0] ** 0.5
+    limit = NEWTON_RADIUS * gradient.shape[0] ** 0.5
     shrink = xp.where(length > limit, limit / length, xp.ones_like(length))
     step = to_theta(pre, whitened) * shrink
-    return xp.where(xp.all(xp.isfinite(step)), theta - step, theta)
+    return xp.where(xp.all(xp.isfinite(step)), step, xp.zeros_like(step))
+
+
+#: The fractions of the Newton step the backends' line search tries (besides no step).
+NEWTON_FRACTIONS = (1.0, 0.25, 0.0625)
 
 
 def to_u(pre: Preconditioner, theta: Array) -> Array:
@@ -503,6 +521,39 @@ def pullback_grad_fn(pre: Preconditioner, grad_fn: Any) -> Any:
     return grad_fn_u
 
 
+def equalize_noise(pre: Preconditioner, variance: Array) -> tuple[Preconditioner, Array, Array]:
+    """Shrink the coordinates of ``u`` whose gradient noise ``v_k`` (``c ⊙ diag V`` in ``u``) exceeds
+    :data:`NOISE_SPREAD` times the median over the coordinates with noise: ``u_k`` is rescaled by
+    ``f_k = min(1, sqrt(NOISE_SPREAD · median / v_k))``, which divides its noise by ``f_k⁻²``.
+
+    Where the Hessian is far smaller than the Fisher information, as at a saddle or in a flat direction of a
+    neural network, the Laplace preconditioner makes ``u_k`` wide and its gradient noise huge; the tuned step
+    size, set by the noisiest coordinate, would then stall every other coordinate. Shrunk, such a coordinate
+    moves more slowly in its own scale and the others at the step size their noise allows. In a posterior the
+    Laplace approximation fits, the noise is about the same in every coordinate (``N/n`` in ``u``) and nothing
+    changes.
+
+    :return: ``(preconditioner, variance, factor)`` after the rescaling.
+
+    **Example** (one coordinate 100 times noisier than the others: its noise is brought to 4 times theirs)::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.adaptation import equalize_noise, identity
+        >>> pre, v, f = equalize_noise(identity(3, dense=False, like=jnp.zeros(3)), jnp.array([10.0, 10.0, 1000.0]))
+        >>> [round(x, 4) for x in v.tolist()], [round(x, 6) for x in f.tolist()]
+        ([10.0, 10.0, 40.0], [1.0, 1.0, 0.2])
+    """
+    xp = array_namespace(variance)
+    noisy = variance > 0
+    count = xp.sum(xp.astype(noisy, xp.int32))
+    ordered = xp.sort(xp.where(noisy, variance, xp.full_like(variance, float("inf"))))
+    median = xp.take(ordered, xp.reshape(xp.maximum(count - 1, xp.zeros_like(count)) // 2, (1,)))[0]
+    limit = NOISE_SPREAD * median
+    factor = xp.where(noisy & (variance > limit), xp.sqrt(limit / xp.where(noisy, variance, xp.ones_like(variance))),
+                      xp.ones_like(variance))  # fmt: skip
+    return rescale(pre, factor), xp.multiply(variance, xp.multiply(factor, factor)), factor
+
+
 # --- the step size -----------------------------------------------------------------------------------------
 def tuned_step_size(noise_variance: Array, target: Any, temperature: Any, max_step_size: Any) -> Array:
     """The step size whose noise ratio (:func:`ppl_sgmcmc.noise.ratio`) is ``target``, capped at
@@ -531,18 +582,24 @@ class AdaptState(NamedTuple):
     - **preconditioner**: the :class:`Preconditioner` in force (frozen after the warm-up).
     - **step_size**: the tuned step size ``h`` in force (frozen after the warm-up; unused when the step size
       was given).
-    - **curvature**: the largest curvature of the potential in the coordinates ``u`` (about 1 after a Laplace
-      preconditioner), which caps the step size.
+    - **curvature**: the largest curvature of the potential in the coordinates ``u`` at the chain's start (about
+      1 after a dense Laplace preconditioner), which caps the step size.
     - **moments**: the :class:`WindowMoments` of ``u`` over the current slow window.
     - **noise_sum**, **noise_count**: the sum of :func:`ppl_sgmcmc.noise.update`'s terms since the step size
       was last set, and their number.
+    - **noise_peak**: the largest ``max_k v_k`` of the noise measured between two settings of the step size,
+      since the current slow window began (in the current coordinates): the step size is set from it.
     - **window_index**: the number of windows closed so far (``int32`` scalar).
+    - **restore**: where a chain that ran off during the warm-up returns (``θ`` at the start, then at each
+      window's end); **energy_level**: the warm-up's typical minibatch energy, an exponential average over
+      about :data:`~ppl_sgmcmc.noise.HORIZON` steps that did not run off; **restarts**: how many times the
+      chain returned (see :func:`ran_off`).
 
     **Example**::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc.adaptation import adapt_init, identity
-        >>> state = adapt_init(identity(2, dense=False, like=jnp.zeros(2)), 0.1, 1.0)
+        >>> state = adapt_init(identity(2, dense=False, like=jnp.zeros(2)), 0.1, 1.0, jnp.zeros(2), 5.0)
         >>> state.preconditioner.scale.tolist(), round(float(state.step_size), 6), int(state.window_index)
         ([1.0, 1.0], 0.1, 0)
     """
@@ -553,19 +610,26 @@ class AdaptState(NamedTuple):
     moments: WindowMoments
     noise_sum: Array
     noise_count: Array
+    noise_peak: Array
     window_index: Array
+    restore: Array
+    energy_level: Array
+    restarts: Array
 
 
-def adapt_init(preconditioner: Preconditioner, step_size: Any, curvature: Any) -> AdaptState:
+def adapt_init(preconditioner: Preconditioner, step_size: Any, curvature: Any, position: Array,
+               energy: Any) -> AdaptState:  # fmt: skip
     """The state at the start of the warm-up: the preconditioner, step size and curvature of the chain's
-    start, an empty estimator and noise sum, no window closed.
+    start ``position`` (``θ``, where it returns if it runs off) with minibatch energy ``energy``, an empty
+    estimator and noise sum, no window closed.
 
     **Example**::
 
         >>> import torch
         >>> from ppl_sgmcmc.adaptation import adapt_init, identity
-        >>> adapt_init(identity(2, dense=True, like=torch.zeros(1)), 0.1, 1.0).moments.squares.shape
-        torch.Size([2])
+        >>> state = adapt_init(identity(2, dense=True, like=torch.zeros(1)), 0.1, 1.0, torch.zeros(2), 5.0)
+        >>> state.moments.squares.shape, float(state.energy_level)
+        (torch.Size([2]), 5.0)
     """
     like = preconditioner.inverse
     xp = array_namespace(like)
@@ -577,8 +641,42 @@ def adapt_init(preconditioner: Preconditioner, step_size: Any, curvature: Any) -
         window_moments(d, like),
         xp.zeros((d,), dtype=like.dtype, device=dev),
         xp.zeros((), dtype=xp.int32, device=dev),
+        xp.zeros((), dtype=like.dtype, device=dev),
+        xp.zeros((), dtype=xp.int32, device=dev),
+        position,
+        xp.asarray(energy, dtype=like.dtype, device=dev),
         xp.zeros((), dtype=xp.int32, device=dev),
     )
+
+
+#: A warm-up step whose minibatch energy exceeds the warm-up's typical energy ``Ū`` by this many times
+#: ``1 + |Ū|`` ran off (:func:`ran_off`).
+RUNAWAY_FACTOR = 10.0
+#: A chain that ran off during the warm-up continues from its restore point with its step size divided by this.
+RESTART_SHRINK = 4.0
+
+
+def ran_off(state: AdaptState, energy: Any) -> Array:
+    """Whether a warm-up step with minibatch energy ``energy`` ran off: above the warm-up's typical energy
+    ``Ū`` (``energy_level``) by more than :data:`RUNAWAY_FACTOR` ``(1 + |Ū|)``, or not finite.
+
+    Without a Metropolis test nothing stops an SG-MCMC chain whose step size is too large for the curvature
+    it meets (a saddle of a neural network's posterior, a region its start did not show): it runs off by
+    orders of magnitude in a few steps. During the warm-up the kernels then return the chain to its restore
+    point with a fresh rule state and the step size divided by :data:`RESTART_SHRINK`; the minibatch
+    energy's own fluctuations (of order ``sqrt(d)`` plus the minibatch noise) stay far below the threshold.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.adaptation import adapt_init, identity, ran_off
+        >>> state = adapt_init(identity(1, dense=False, like=jnp.zeros(1)), 0.1, 1.0, jnp.zeros(1), 600.0)
+        >>> [bool(ran_off(state, u)) for u in (800.0, 7000.0, float("nan"))]
+        [False, True, True]
+    """
+    xp = array_namespace(state.energy_level)
+    level = state.energy_level
+    return ~(energy <= level + RUNAWAY_FACTOR * (1 + xp.abs(level)))
 
 
 def _select(condition: Array, new: Any, old: Any) -> Any:
@@ -590,6 +688,8 @@ def _select(condition: Array, new: Any, old: Any) -> Any:
 def adapt_step(
     state: AdaptState,
     u: Array,
+    theta: Array,
+    energy: Any,
     noise_term: Array,
     noise_valid: Any,
     step_index: Any,
@@ -612,11 +712,15 @@ def adapt_step(
     * at the last step of slow window ``j`` (``step_index + 1 == e_j``, ``1 <= j <= k``) with ``adapt_mass``,
       each coordinate with at least :data:`MIN_EFFECTIVE` effective draws is rescaled by the square root of
       its variance in the window shrunk towards 1, ``(n_eff v + 10)/(n_eff + 10)`` (clipped to ``[1/3, 3]``;
-      the preconditioner becomes :func:`rescale` of it), and the moments restart;
-    * at the end of every window and buffer (``step_index + 1 == e_j``, ``0 <= j <= k + 1``) with
-      ``tune_step_size``, the step size becomes :func:`tuned_step_size` of the noise measured since the last
-      change (in the new coordinates), capped at ``max_step_size`` (divided by the new curvature, which a
-      rescaling changes), and the noise sum restarts;
+      the preconditioner becomes :func:`rescale` of it), then the noisiest coordinates are shrunk
+      (:func:`equalize_noise` of the noise measured since the step size was last set), and the moments
+      restart;
+    * at the end of every window and buffer (``step_index + 1 == e_j``, ``0 <= j <= k + 1``), and whenever
+      :data:`RETUNE_FRACTION` of the warm-up has passed since, with ``tune_step_size``, the step size becomes
+      :func:`tuned_step_size` of the noisiest such period since the current slow window began (``noise_peak``;
+      the noise is measured in the new coordinates), capped at ``max_step_size`` divided by the curvature (that of the
+      Laplace approximation: a rescaling brings a coordinate's spread to 1, where a Gaussian's curvature is 1),
+      and the noise sum restarts;
     * after the warm-up (``step_index >= e_{k+1}``) the state is returned unchanged.
 
     Array selects only (``xp.where``), so it traces under ``jax.jit``, ``jax.vmap`` and ``lax.scan`` and
@@ -624,6 +728,8 @@ def adapt_step(
 
     :param state: the :class:`AdaptState`.
     :param u: the chain's position in the current coordinates ``u = L⁻¹ θ``, ``(d,)``.
+    :param theta: that position ``θ``, the restore point when a window ends; ``energy``: the step's minibatch
+        energy, averaged into ``energy_level`` unless it ran off (see :func:`ran_off`).
     :param noise_term: this step's term of :func:`ppl_sgmcmc.noise.update` (``(d,)``).
     :param noise_valid: whether that term measured the noise (a previous gradient existed, the step was
         accepted).
@@ -642,13 +748,13 @@ def adapt_step(
         >>> import jax, jax.numpy as jnp
         >>> from ppl_sgmcmc import adaptation as ad
         >>> ends = ad.window_ends(ad.adaptation_schedule(1000), jnp.zeros(2))
-        >>> state = ad.adapt_init(ad.identity(2, dense=False, like=jnp.zeros(2)), 0.1, 1.0)
+        >>> state = ad.adapt_init(ad.identity(2, dense=False, like=jnp.zeros(2)), 0.1, 1.0, jnp.zeros(2), 0.0)
         >>> draws = jax.random.normal(jax.random.key(0), (200, 2)) * jnp.array([2.0, 0.5])
         >>> step = jax.jit(ad.adapt_step, static_argnames=("adapt_mass", "tune_step_size"))
         >>> for t in range(200):  # the initial buffer and the first slow window (steps 150 to 199)
         ...     u = ad.to_u(state.preconditioner, draws[t])
-        ...     state, factor = step(state, u, jnp.zeros(2), False, t, ends, adapt_mass=True, tune_step_size=False,
-        ...                          target=0.1, temperature=1.0, max_step_size=0.2)
+        ...     state, factor = step(state, u, draws[t], 0.0, jnp.zeros(2), False, t, ends, adapt_mass=True,
+        ...                          tune_step_size=False, target=0.1, temperature=1.0, max_step_size=0.2)
         >>> [round(v, 1) for v in state.preconditioner.scale.tolist()], int(state.window_index)
         ([1.6, 0.7], 2)
     """  # noqa: E501
@@ -666,8 +772,10 @@ def adapt_step(
     valid = in_warmup & noise_valid
     noise_sum = xp.where(valid, xp.add(state.noise_sum, noise_term), state.noise_sum)
     noise_count = state.noise_count + xp.astype(valid, state.noise_count.dtype)
-    closes = in_warmup & xp.any(schedule_ends == step_index + 1)
     closes_slow = xp.any(schedule_ends[1:-1] == step_index + 1)
+    closes_window = in_warmup & xp.any(schedule_ends == step_index + 1)
+    retune_every = xp.maximum(xp.astype(schedule_ends[-1], dtype) * RETUNE_FRACTION, xp.asarray(MIN_WINDOW, dtype=dtype))
+    closes = in_warmup & (xp.any(schedule_ends == step_index + 1) | (xp.astype(noise_count, dtype) >= retune_every))
     one = xp.ones_like(u)
     factor = one
     preconditioner, curvature = state.preconditioner, state.curvature
@@ -678,14 +786,31 @@ def adapt_step(
         use = closes_slow & (n_eff >= MIN_EFFECTIVE) & xp.isfinite(proposed)
         factor = xp.where(use, proposed, one)
         preconditioner = _select(xp.any(use), rescale(preconditioner, factor), preconditioner)
-        curvature = curvature * xp.max(factor) ** 2
         moments = _select(closes_slow, window_moments(u.shape[0], u), moments)
+    measured = noise_sum / xp.astype(xp.maximum(noise_count, xp.ones_like(noise_count)), dtype) * factor**2
+    if adapt_mass:  # no coordinate noisier than NOISE_SPREAD times the median (equalize_noise)
+        equalized, measured_eq, shrink = equalize_noise(preconditioner, measured)
+        use = closes_slow & (noise_count > 0)
+        preconditioner = _select(use, equalized, preconditioner)
+        measured = xp.where(use, measured_eq, measured)
+        factor = xp.where(use, factor * shrink, factor)
+    # the noise of this period; the step size follows the noisiest period since the slow window began, since
+    # the noise may change with where the chain is (as in a neural network's posterior)
+    measured_any = closes & (noise_count > 0)
+    period = xp.max(measured)
+    noise_peak = xp.where(measured_any, xp.where(closes_slow, period, xp.maximum(state.noise_peak * xp.max(factor) ** 2,
+                                                                                  period)), state.noise_peak)
     step_size = state.step_size
     if tune_step_size:
-        measured = noise_sum / xp.astype(xp.maximum(noise_count, xp.ones_like(noise_count)), dtype) * factor**2
-        tuned = tuned_step_size(measured, target, temperature, max_step_size / curvature)
-        step_size = xp.where(closes & (noise_count > 0), tuned, step_size)
+        tuned = tuned_step_size(xp.reshape(noise_peak, (1,)), target, temperature, max_step_size / curvature)
+        step_size = xp.where(measured_any, tuned, step_size)
     noise_sum = xp.where(closes, xp.zeros_like(noise_sum), noise_sum)
     noise_count = xp.where(closes, xp.zeros_like(noise_count), noise_count)
-    window_index = state.window_index + xp.astype(closes, state.window_index.dtype)
-    return AdaptState(preconditioner, step_size, curvature, moments, noise_sum, noise_count, window_index), factor
+    window_index = state.window_index + xp.astype(closes_window, state.window_index.dtype)
+    ordinary = in_warmup & ~ran_off(state, energy)
+    level = state.energy_level + (xp.asarray(energy, dtype=dtype) - state.energy_level) / HORIZON
+    energy_level = xp.where(ordinary, level, state.energy_level)
+    restore = xp.where(closes_window, theta, state.restore)
+    new = AdaptState(preconditioner, step_size, curvature, moments, noise_sum, noise_count, noise_peak, window_index,
+                     restore, energy_level, state.restarts)  # fmt: skip
+    return new, factor

@@ -31,6 +31,7 @@ from array_api_compat import array_namespace
 
 from ppl_sgmcmc import _checks, adaptation, gradients, noise
 from ppl_sgmcmc.rules import csgld as csgld_rule
+from ppl_sgmcmc.rules import has_momentum, refresh_momentum
 from ppl_sgmcmc.rules import psgld as psgld_rule
 from ppl_sgmcmc.rules import sgfs as sgfs_rule
 from ppl_sgmcmc.rules import sghmc as sghmc_rule
@@ -324,10 +325,11 @@ class Algorithm:
         return self._temperature(i) if callable(self._temperature) else self._temperature
 
     # --- hooks the backends call ------------------------------------------------------------------
-    def _set_warmup(self, num_warmup: int) -> None:
-        """Record the warm-up of ``num_warmup`` draws (``steps_per_sample`` steps each); raise if it is too
-        short for the algorithm, or set ``_start_warning`` for what a new chain should be told."""
-        self._num_warmup_steps = int(num_warmup) * self._steps_per_sample
+    def _set_warmup(self, num_warmup: int, steps: int | None = None) -> None:
+        """Record the warm-up of ``num_warmup`` draws (``steps_per_sample`` steps each, unless ``steps`` gives
+        their number: a continued chain's own warm-up); raise if it is too short for the algorithm, or set
+        ``_start_warning`` for what a new chain should be told."""
+        self._num_warmup_steps = int(num_warmup) * self._steps_per_sample if steps is None else int(steps)
         self._kwargs_cache = {}
         self._window_ends = None
         if self.adapts and self._num_warmup_steps > 0:  # 0: a chain continued with its adapted state
@@ -382,22 +384,16 @@ class Algorithm:
         """The step size of step ``i``: the tuned one of ``adapt_state``, or the given one (a schedule at ``i``)."""
         return adapt_state.step_size if self._tune else self.step_size_at(i)
 
-    def _laplace(self, position: Any, hessian: Any, gradient: Any) -> tuple[Any, Any]:
-        """The Laplace approximation at a new chain's start, with ``adapt_mass_matrix``: ``(start, (preconditioner,
-        curvature))``, the start moved by one Newton step (:func:`~ppl_sgmcmc.adaptation.newton_step`) after
-        ``find_mode``'s optimiser.
+    def _laplace(self, hessian: Any) -> tuple[Any, Any]:
+        """The Laplace preconditioner of a new chain's Hessian and its curvature in ``u``
+        (:func:`~ppl_sgmcmc.adaptation.from_hessian`, dense or diagonal by ``dense_mass``)."""
+        return adaptation.from_hessian(hessian, self._dense_mass)
 
-        :param position: the chain's start ``θ`` (flat).
-        :param hessian: the Hessian of the potential there, ``(d, d)``; ``gradient``: its gradient.
-        """
-        if self._find_mode_steps:
-            position = adaptation.newton_step(position, hessian, gradient)
-        return position, adaptation.from_hessian(hessian, self._dense_mass)
-
-    def _initial_adaptation(self, position: Any, laplace: Any, probe: Any, rule_state: Any) -> tuple[Any, Any]:
+    def _initial_adaptation(self, position: Any, laplace: Any, probe: Any, rule_state: Any,
+                            energy: Any) -> tuple[Any, Any]:  # fmt: skip
         """The adaptation's state at a chain's start and the rule's state, warm-started.
 
-        :param position: the chain's start ``θ`` (flat).
+        :param position: the chain's start ``θ`` (flat), with minibatch energy ``energy``.
         :param laplace: ``(preconditioner, curvature)`` of :meth:`_laplace`, with ``adapt_mass_matrix``.
         :param probe: with a tuned step size, :class:`~ppl_sgmcmc.rules.StochasticGradient` of several
             minibatches at ``position`` (rows), in ``θ``; their spread gives the first step size.
@@ -413,11 +409,14 @@ class Algorithm:
             rule_state = self._warm_start(rule_state, pulled)
             rows = pulled.grad.shape[0]  # diag V: the spread of single gradients (none for an exact potential)
             variance = xp.var(pulled.grad, axis=0, correction=1) if rows > 1 else xp.zeros_like(position)
-            scale = self.noise_scale(rule_state, 0)
+            variance = self.noise_scale(rule_state, 0) * variance
+            if self._adapt_mass:
+                pre, variance, factor = adaptation.equalize_noise(pre, variance)
+                rule_state = self._rescale_rule_state(rule_state, factor)
             step_size = adaptation.tuned_step_size(
-                scale * variance, self._target_noise_ratio, self.temperature_at(0), self._step_cap(rule_state) / curvature
+                variance, self._target_noise_ratio, self.temperature_at(0), self._step_cap(rule_state) / curvature
             )
-        return adaptation.adapt_init(pre, step_size, curvature), rule_state
+        return adaptation.adapt_init(pre, step_size, curvature, position, energy), rule_state
 
     def _move(self, position: Any, rule_state: Any, grad_fn: Callable[[Any], Any], noise: Any, step_size: Any,
               i: Any, adapt_state: Any) -> tuple:
@@ -440,24 +439,50 @@ class Algorithm:
         noise_state, term = noise.update(noise_state, gradient.grad, self.noise_scale(rule_state, i), accepted)
         return noise_state, term, valid
 
-    def _adapt(self, adapt_state: Any, noise_state: Any, rule_state: Any, position: Any, term: Any, valid: Any,
-               i: Any) -> tuple[Any, Any, Any]:
-        """The adaptation after the warm-up step ``i`` ended at ``position`` (``θ``), with the noise ``term``
-        of :meth:`_measure_noise` (:func:`ppl_sgmcmc.adaptation.adapt_step`): ``(adapt state, noise state, rule
-        state)``, the last two re-expressed when the coordinates change."""
+    def _adapt(self, adapt_state: Any, noise_state: Any, rule_state: Any, position: Any, energy: Any, term: Any,
+               valid: Any, i: Any, fresh_noise: Any) -> tuple[Any, Any, Any, Any]:
+        """The warm-up's adaptation after step ``i`` ended at ``position`` (``θ``) with minibatch energy
+        ``energy`` and the noise ``term`` of :meth:`_measure_noise`: ``(adapt state, noise state, rule state,
+        position)``.
+
+        With a tuned step size, a step that ran off (:func:`~ppl_sgmcmc.adaptation.ran_off`) returns the chain
+        to its restore point with the rule restarted there (:meth:`_restart_rule_state`, ``fresh_noise`` a
+        standard normal draw for a momentum) and the step size divided by
+        :data:`~ppl_sgmcmc.adaptation.RESTART_SHRINK` (a given step size is not changed: its chain runs off
+        and the health check reports it); otherwise :func:`~ppl_sgmcmc.adaptation.adapt_step` runs, and the
+        noise estimate and the rule state are re-expressed when the coordinates change."""
         if not self.adapts or self._window_ends is None:
-            return adapt_state, noise_state, rule_state
+            return adapt_state, noise_state, rule_state, position
+        xp = array_namespace(position)
+        off = adaptation.ran_off(adapt_state, energy) & self._tune
+        position = xp.where(off, adapt_state.restore, position)
         ends = adaptation.window_ends(self._window_ends, like=position)
         u = adaptation.to_u(adapt_state.preconditioner, position)
+        restarted = self._restart_rule_state(rule_state, u, fresh_noise, i)
+        rule_state = type(rule_state)(*(
+            None if new is None else xp.where(off, new, old) for new, old in zip(restarted, rule_state)
+        ))  # fmt: skip
         adapt_state, factor = adaptation.adapt_step(
-            adapt_state, u, term, valid, i, ends, adapt_mass=self._adapt_mass, tune_step_size=self._tune,
-            target=self._target_noise_ratio, temperature=self.temperature_at(i),
+            adapt_state, u, position, energy, term, valid & ~off, i, ends, adapt_mass=self._adapt_mass,
+            tune_step_size=self._tune, target=self._target_noise_ratio, temperature=self.temperature_at(i),
             max_step_size=self._step_cap(rule_state),
         )  # fmt: skip
+        adapt_state = adapt_state._replace(
+            step_size=xp.where(off, adapt_state.step_size / adaptation.RESTART_SHRINK, adapt_state.step_size),
+            restarts=adapt_state.restarts + xp.astype(off, adapt_state.restarts.dtype),
+        )
         if self._adapt_mass:
             noise_state = noise.rescale(noise_state, factor)
             rule_state = self._rescale_rule_state(rule_state, factor)
-        return adapt_state, noise_state, rule_state
+        noise_state = noise_state._replace(count=xp.where(off, xp.full_like(noise_state.count, -1), noise_state.count))
+        return adapt_state, noise_state, rule_state, position
+
+    def _restart_rule_state(self, rule_state: Any, u: Any, fresh_noise: Any, i: Any) -> Any:
+        """The rule's state of a chain restarted at ``u`` (the rule's coordinates) during the warm-up: a
+        momentum redrawn (:func:`~ppl_sgmcmc.rules.refresh_momentum`), the rest kept."""
+        if has_momentum(rule_state):
+            return refresh_momentum(rule_state, fresh_noise, self.temperature_at(i))
+        return rule_state
 
     def _check_target(self, target: Any) -> None:
         """Check the model's stochastic potential as soon as it is built, before anything is compiled,
@@ -608,6 +633,13 @@ class SGNHT(Algorithm):
     def noise_scale(self, rule_state: Any, i: Any) -> Any:
         """``1/D``: the injected noise's variance is ``2Dhτ`` (the thermostat absorbs the gradient noise)."""
         return 1 / self._options["diffusion"]
+
+    def _restart_rule_state(self, rule_state: Any, u: Any, fresh_noise: Any, i: Any) -> Any:
+        """A momentum redrawn and the thermostat back at ``D``: a thermostat that ran off with the chain would
+        freeze it."""
+        xp = array_namespace(rule_state.thermostat)
+        thermostat = xp.full_like(rule_state.thermostat, self._options["diffusion"])
+        return refresh_momentum(rule_state, fresh_noise, self.temperature_at(i))._replace(thermostat=thermostat)
 
     def __init__(
         self,
@@ -875,6 +907,10 @@ class CSGLD(Algorithm):
     rule = csgld_rule
     sample_stats_fields = ("log_weight", "partition")
 
+    def _restart_rule_state(self, rule_state: Any, u: Any, fresh_noise: Any, i: Any) -> Any:
+        """The integrator's own position (one move ahead of the sample) at ``u``, a CSGHMC momentum redrawn."""
+        return super()._restart_rule_state(rule_state, u, fresh_noise, i)._replace(position=u)
+
     def noise_scale(self, rule_state: Any, i: Any) -> Any:
         """The squared gradient multiplier (divided by CSGHMC's friction): the flattening scales the
         gradient, noise included, but not the injected noise."""
@@ -955,8 +991,8 @@ class CSGLD(Algorithm):
             "integrator": self.integrator,
         }
 
-    def _set_warmup(self, num_warmup: int) -> None:
-        super()._set_warmup(num_warmup)
+    def _set_warmup(self, num_warmup: int, steps: int | None = None) -> None:
+        super()._set_warmup(num_warmup, steps)
         self._calibration_steps, self._adaptation_steps = self._contour.windows(
             self._num_warmup_steps, num_warmup, self.warmup_arg, self.name
         )
@@ -1063,7 +1099,8 @@ class SGFS(Algorithm):
     Gaussian ``N(θ₀, I_N⁻¹)`` at the fastest mixing (one step moves ``2/γ ≈ 2n/N`` of a Fisher-scoring
     step towards the mode); larger ``α`` takes smaller steps and, as ``ε → 0``, becomes SGLD
     preconditioned by ``B⁻¹`` (exact for non-Gaussian posteriors, slow). Give ``step_size=ε`` or
-    ``alpha=α``.
+    ``alpha=α``, or neither: then ``α = 0`` and the chain starts at the approximate mode that ``find_mode``'s
+    optimiser finds (``find_mode=False`` starts it at the init strategy's point instead).
 
     The per-datum scores come from the model (one gradient per datum of the minibatch, batched); the
     model needs exactly one plate with ``subsample_size = n ≥ 2`` around its observed sites (the paper
@@ -1081,7 +1118,7 @@ class SGFS(Algorithm):
     Warm-up should span several relaxation times, ``≫ N/n`` steps.
 
     :param step_size: ``ε > 0``, a float, ``float("inf")`` (``α = 0``) or a schedule ``t -> ε_t``.
-    :param alpha: instead of ``step_size``, the paper's ``α = 2/sqrt(ε) ≥ 0``.
+    :param alpha: instead of ``step_size``, the paper's ``α = 2/sqrt(ε) ≥ 0``. Neither: ``α = 0``.
     :param fisher: ``"full"`` (SGFS-f, default): a ``d×d`` ``Î`` and a Cholesky solve, O(n d² + d³) per
         step and d² memory, allowed up to ``max_full_dim`` parameters; or ``"diagonal"`` (SGFS-d): only
         ``diag Î``, O(n d). SGFS-d mixes fast but, at large ``ε``, samples a too narrow Gaussian where the
@@ -1130,8 +1167,11 @@ class SGFS(Algorithm):
                 f"{name}: SGFS needs the per-datum scores of a model's subsampled plate; give `model`, not "
                 "`potential_fn`."
             )
-        if (step_size is None) == (alpha is None):
-            raise ValueError(f"{name}: give exactly one of `step_size` (ε) and `alpha` (α = 2/sqrt(ε)).")
+        if step_size is not None and alpha is not None:
+            raise ValueError(f"{name}: give one of `step_size` (ε) and `alpha` (α = 2/sqrt(ε)), not both.")
+        if step_size is None and alpha is None:  # the defaults: α = 0 from an approximate mode
+            alpha = 0.0
+            kwargs.setdefault("find_mode", True)
         if alpha is not None:
             step_size = sgfs_rule.alpha_to_step_size(_checks.non_negative("alpha", alpha, name))
         if kwargs.get("temperature", 1.0) != 1.0:

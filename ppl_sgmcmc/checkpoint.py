@@ -58,9 +58,9 @@ class ChainState(NamedTuple):
       counter that drives the schedules, the minibatch sampler's position, the number of rejected steps.
     - **generator_state**: the state of the chain's ``torch.Generator`` (``generator.get_state()``), which
       draws the minibatches and the noise.
-    - **num_warmup**: the warm-up of the chain's first run, in draws. A continued chain keeps it for what
-      depends on it (CSGLD's calibration and adaptation windows, SGFS's ``fisher_window``) although the
-      continuation itself has no warm-up.
+    - **num_warmup**: the warm-up of the chain's first run, in SG-MCMC steps (draws × ``steps_per_sample``). A
+      continued chain keeps it for what depends on it (the adaptation's windows, CSGLD's calibration and
+      adaptation windows, SGFS's ``fisher_window``) although the continuation itself has no warm-up.
 
     **Example** (five steps, then three more from the state: the same chain as eight steps in one go)::
 

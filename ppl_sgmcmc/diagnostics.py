@@ -1,4 +1,5 @@
-"""Sample-quality diagnostics: the kernel Stein discrepancy (KSD) of a set of draws.
+"""Sample-quality diagnostics: the kernel Stein discrepancy (KSD) of a set of draws, and two checks of a
+finished run that say when not to trust its samples.
 
 Effective sample sizes and R-hat say whether chains agree with one another; they cannot see the
 asymptotic bias of a stochastic-gradient sampler (a step size that is too large, a noisy gradient
@@ -29,23 +30,51 @@ sizes, kernels, run lengths) on the same target and parameterisation, not agains
   ``jax.flatten_util.ravel_pytree`` of each draw (sites in sorted order), the layout both KSD
   functions take.
 
+On a finished ``MCMC`` run of a ppl_sgmcmc kernel (``numpyro.infer.MCMC`` or ``pyro.infer.MCMC``; the
+backend is imported only when a run of it is given, so this module needs no ``torch``):
+
+- :func:`ksd`: the KSD of the run's (thinned) draws against the full-data posterior, with the full-data
+  score computed over the data in minibatches (each backend's ``full_data_score``) and in the coordinates
+  of the run's adapted preconditioner.
+- :func:`step_halving_check`: continues each chain with half the step size (and twice the steps per draw)
+  and reports the posterior means and standard deviations that moved beyond their Monte Carlo error, the
+  signature of a discretisation bias.
+
 Precision follows JAX's default (float32 unless ``jax_enable_x64`` is on); a KSD near ``1/sqrt(m)``
 of a large sample is a small difference of larger terms, so prefer float64 to compare such values
 closely.
 """
 
+import contextlib
+import importlib
 import math
-from collections.abc import Mapping
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from numbers import Integral, Real
-from typing import NamedTuple
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.scipy.linalg import solve_triangular
 from jax.typing import ArrayLike
 
-__all__ = ["LinearKSD", "flatten_draws", "imq_ksd", "imq_ksd_linear"]
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+__all__ = [
+    "KSDResult",
+    "LinearKSD",
+    "StepHalvingResult",
+    "flatten_draws",
+    "imq_ksd",
+    "imq_ksd_linear",
+    "ksd",
+    "step_halving_check",
+]
 
 # entries of one (chunk_size, m) block when `chunk_size=None`: ~8 MiB per float32 array
 _AUTO_BLOCK_ENTRIES = 2**21
@@ -102,13 +131,32 @@ def _check_inputs(
     xj, sj = jnp.asarray(x, dtype), jnp.asarray(s, dtype)
     if preconditioner is not None:
         g = np.asarray(preconditioner)
-        if g.shape != (d,):
-            raise ValueError(f"{fn}: `preconditioner` must be a vector of shape ({d},), got {g.shape}.")
-        if not (np.all(np.isfinite(g)) and np.all(g > 0)):
-            raise ValueError(f"{fn}: `preconditioner` must have finite, strictly positive entries.")
-        root = jnp.sqrt(jnp.asarray(g, dtype))
-        xj, sj = xj / root, sj * root
+        xj, sj = _whiten(xj, sj, g, fn)
     return xj, sj
+
+
+def _whiten(x: jax.Array, s: jax.Array, gamma: np.ndarray, fn: str) -> tuple[jax.Array, jax.Array]:
+    """Draws and scores in the coordinates ``z = L⁻¹ x`` of ``Γ = L Lᵀ`` (a ``(d,)`` vector of variances
+    or a ``(d, d)`` covariance), where the scores are ``Lᵀ s``."""
+    d = x.shape[1]
+    if gamma.shape == (d,):
+        if not (np.all(np.isfinite(gamma)) and np.all(gamma > 0)):
+            raise ValueError(f"{fn}: `preconditioner` must have finite, strictly positive entries.")
+        root = jnp.sqrt(jnp.asarray(gamma, x.dtype))
+        return x / root, s * root
+    if gamma.shape != (d, d):
+        raise ValueError(
+            f"{fn}: `preconditioner` must be a vector of shape ({d},) (variances) or a ({d}, {d}) matrix (a "
+            f"covariance), got shape {gamma.shape}."
+        )
+    try:
+        if not (np.all(np.isfinite(gamma)) and np.allclose(gamma, gamma.T)):
+            raise np.linalg.LinAlgError
+        L = np.linalg.cholesky(np.asarray(gamma, np.float64))
+    except np.linalg.LinAlgError:
+        raise ValueError(f"{fn}: a (d, d) `preconditioner` must be a finite, symmetric, positive definite matrix.") from None
+    Lj = jnp.asarray(L, x.dtype)
+    return solve_triangular(Lj, x.T, lower=True).T, s @ Lj
 
 
 def _chunk(chunk_size: int | None, m: int) -> int:
@@ -201,6 +249,10 @@ def imq_ksd(
     coordinate. Rescaling coordinate ``k`` of the draws by ``a_k`` (scores by ``1/a_k``) together
     with ``Γ_k`` by ``a_k²`` leaves it unchanged. Equivalently, in the original coordinates it uses the
     kernel ``k(x/sqrt(Γ), y/sqrt(Γ))`` and the Stein operator ``g ↦ ∇·(sqrt(Γ) g) + (sqrt(Γ) g)ᵀs``.
+    A ``(d, d)`` covariance ``Γ = L Lᵀ`` (``L`` its Cholesky factor; e.g. a dense mass-matrix inverse)
+    does the same with ``z = L⁻¹ x`` and the score ``Lᵀ s(x)``: the value depends on ``Γ`` only, as the
+    Stein kernel depends on ``z`` only through ``|z - z'|²``, ``s_zᵀ s_z'`` and ``(s_z' - s_z)ᵀ(z - z')``,
+    which no rotation of ``z`` changes; a diagonal matrix gives the vector's value.
     Without it, all coordinates share the length scale ``c``, so the value depends on units.
 
     :param samples: ``(m, d)`` draws ``x_i`` (unconstrained coordinates; see :func:`flatten_draws`).
@@ -208,7 +260,8 @@ def imq_ksd(
         potential ``U`` (a minibatch gradient adds its noise to the KSD).
     :param c: the IMQ kernel's length scale ``c > 0`` (default 1).
     :param beta: the IMQ exponent ``β ∈ (-1, 0)`` (default ``-1/2``).
-    :param preconditioner: optional ``(d,)`` positive vector ``Γ`` (see above).
+    :param preconditioner: optional ``Γ``: a ``(d,)`` positive vector or a ``(d, d)`` positive definite
+        matrix (see above).
     :param chunk_size: rows per block; ``None`` picks ``≈ 2²¹ / m`` (a few MiB per block).
     :param squared: return ``KSD²`` instead of ``KSD``.
     :returns: ``KSD`` (or ``KSD²``) as a Python float.
@@ -262,7 +315,7 @@ def imq_ksd_linear(
     :param scores: ``(m, d)`` full-data scores ``∇ log p`` at the draws.
     :param c: the IMQ kernel's length scale ``c > 0`` (default 1).
     :param beta: the IMQ exponent ``β ∈ (-1, 0)`` (default ``-1/2``).
-    :param preconditioner: optional ``(d,)`` positive vector ``Γ`` (see :func:`imq_ksd`).
+    :param preconditioner: optional ``Γ``, a ``(d,)`` vector or ``(d, d)`` matrix (see :func:`imq_ksd`).
     :param key: ``None`` (consecutive pairs) or a PRNG key / int seed for a random pairing.
     :returns: :class:`LinearKSD` ``(ksd2, stderr, n_pairs)``.
     :raises ValueError: as :func:`imq_ksd`.
@@ -351,3 +404,422 @@ def flatten_draws(draws: Mapping[str, ArrayLike], *, batch_ndim: int = 2) -> jax
     return jnp.concatenate(
         [jnp.asarray(a.reshape(m, math.prod(a.shape[batch_ndim:])), dtype) for a in arrays], axis=1
     )
+
+
+# --- run-level diagnostics ------------------------------------------------------------------------
+class KSDResult(NamedTuple):
+    """The kernel Stein discrepancy of a run's draws, from :func:`ksd`."""
+
+    ksd: float
+    """``KSD``, the square root of ``ksd2`` (0 where a linear-time ``ksd2`` is negative)."""
+    ksd2: float
+    """``KSD²``: the V-statistic of :func:`imq_ksd`, or the linear-time estimate of :func:`imq_ksd_linear`."""
+    stderr: float
+    """The standard error of the linear-time ``ksd2``; ``nan`` for the V-statistic."""
+    num_draws: int
+    """The number of draws the KSD was computed from (all chains pooled, thinned)."""
+    preconditioner: np.ndarray | None
+    """The ``Γ`` the KSD was computed with (see :func:`imq_ksd`), or ``None``: pass it as another run's
+    ``preconditioner`` to compare the two runs in the same coordinates."""
+
+
+class StepHalvingResult(NamedTuple):
+    """The comparison of :func:`step_halving_check`."""
+
+    table: "pd.DataFrame"
+    """One row per flattened coordinate of the latent sites (``"w[0]"``, ``"scale"``; sites in sorted order,
+    constrained values), with the columns ``mean`` and ``sd`` (the run's draws), ``mean_halved`` and
+    ``sd_halved`` (the halved-step draws), ``mean_mcse`` and ``sd_mcse`` (the Monte Carlo standard errors of
+    the differences) and ``mean_z`` and ``sd_z`` (the differences in units of those errors)."""
+    flagged: list[str]
+    """The moments that moved beyond ``threshold`` (``"mean of w[0]"``, ``"sd of scale"``); empty when none did."""
+    threshold: float
+    """The family-wise threshold on ``|z|``: Bonferroni's over all compared moments."""
+    step_size: np.ndarray
+    """The step size of each compared chain's last step before the check."""
+    halved_step_size: np.ndarray
+    """The step size of the last step of each chain's halved-step continuation."""
+
+
+class _Continuation(NamedTuple):
+    """The halved-step continuation of a run, from a backend's ``RunView.continue_chains``."""
+
+    chains: list[int]  # the chains continued (Pyro: the last one)
+    samples: dict[str, np.ndarray]  # their draws, constrained, (chains, draws, ...)
+    step_size: np.ndarray  # each chain's last step size before
+    halved_step_size: np.ndarray  # and in the continuation
+
+
+class _Run(Protocol):
+    """What :func:`ksd` and :func:`step_halving_check` read from a finished run: each backend's
+    ``scores.RunView`` (:mod:`ppl_sgmcmc.numpyro.scores`, :mod:`ppl_sgmcmc.pyro.scores`)."""
+
+    kernel: Any
+
+    def samples(self) -> dict[str, np.ndarray]:
+        """The latent sites' draws as the run reports them (constrained), ``(chains, draws, ...)``."""
+        ...
+
+    def latents(self, samples: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """The run's draws (or ``samples``, constrained) in the unconstrained coordinates of the full-data
+        score, ``(chains, draws, ...)``."""
+        ...
+
+    def scores(self, rows: Mapping[str, np.ndarray], seed: int) -> np.ndarray:
+        """The ``(m, d)`` full-data scores at the unconstrained ``rows`` ``{site: (m, ...)}``."""
+        ...
+
+    def preconditioner_scales(self) -> np.ndarray | None:
+        """The adapted preconditioners' ``L`` of the chains, ``(chains, d)`` or ``(chains, d, d)``, or ``None``."""
+        ...
+
+    def step_index(self) -> int:
+        """The step counter of the run's final state."""
+        ...
+
+    def continue_chains(self, adjust: Callable[[Any], Any], num_draws: int, spacing: int) -> _Continuation:
+        """Continue the chains from their final states, each first passed through ``adjust``, for ``num_draws``
+        draws ``spacing`` times as many steps apart as the run's."""
+        ...
+
+
+_MCMC_CLASSES = (("numpyro", "numpyro.infer.mcmc"), ("pyro", "pyro.infer.mcmc.api"))
+
+
+def _run_of(mcmc: Any, fn: str) -> _Run:
+    """The backend's view of ``mcmc``; the backend is imported only if ``mcmc`` is one of its runs (its
+    ``MCMC`` class is then loaded already)."""
+    for backend, module in _MCMC_CLASSES:
+        cls = getattr(sys.modules.get(module), "MCMC", None)
+        if cls is not None and isinstance(mcmc, cls):
+            view: _Run = importlib.import_module(f"ppl_sgmcmc.{backend}.scores").RunView(mcmc, fn)
+            return view
+    raise TypeError(
+        f"{fn}: `mcmc` must be a numpyro.infer.MCMC or pyro.infer.MCMC object run with a ppl_sgmcmc kernel, got "
+        f"{type(mcmc).__name__}."
+    )
+
+
+def _check_kernel(kernel: Any, base: type, fn: str) -> None:
+    """Refuse a run whose kernel is not one of the backend's SG-MCMC kernels (``base``)."""
+    if not isinstance(kernel, base):
+        raise TypeError(
+            f"{fn}: the run's kernel is {type(kernel).__name__}, not a ppl_sgmcmc kernel, whose target and state "
+            "this diagnostic reads. For another sampler's draws, compute the full-data scores yourself and call "
+            "`imq_ksd`."
+        )
+
+
+def _check_scores_available(kernel: Any, fn: str) -> None:
+    """Refuse a kernel with local Gibbs sites: the score of the global latents' marginal posterior is not a
+    gradient of the model's potential."""
+    if kernel._gibbs is not None:
+        raise ValueError(
+            f"{fn}: {kernel.name} updates the local sites {list(kernel._gibbs.sites)} by Gibbs sweeps, so the "
+            "posterior of the other latents is the model's with those sites marginalised out, whose score the "
+            "model does not give. Marginalise them out of the model to compute its full-data score."
+        )
+
+
+def _no_draws(fn: str) -> str:
+    return f"{fn}: the MCMC object holds no draws: call `mcmc.run(...)` first."
+
+
+def _count(value: Any, name: str, fn: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{fn}: `{name}` must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def _thin(draws: Mapping[str, np.ndarray], num_draws: int) -> dict[str, np.ndarray]:
+    """At most ``num_draws`` of ``{site: (chains, draws, ...)}``, evenly spaced over the chains' draws pooled
+    chain-major: ``{site: (m, ...)}``."""
+    total = math.prod(next(iter(draws.values())).shape[:2])
+    m = min(num_draws, total)
+    index = np.arange(m) * total // m
+    return {name: a.reshape((total,) + a.shape[2:])[index] for name, a in draws.items()}
+
+
+def _run_preconditioner(run: _Run, preconditioner: Any, fn: str) -> np.ndarray | None:
+    """``Γ`` for :func:`imq_ksd`: the chains' adapted ``L Lᵀ`` averaged (a vector for diagonal ``L``), or
+    the user's."""
+    if isinstance(preconditioner, str):
+        if preconditioner != "adapted":
+            raise ValueError(
+                f"{fn}: `preconditioner` must be \"adapted\", None or an array, got {preconditioner!r}."
+            )
+        scales = run.preconditioner_scales()
+        if scales is None:
+            return None
+        scales = np.asarray(scales, np.float64)
+        if scales.ndim == 2:
+            return np.mean(scales**2, axis=0)
+        return np.mean(scales @ np.swapaxes(scales, 1, 2), axis=0)
+    return None if preconditioner is None else np.asarray(preconditioner, np.float64)
+
+
+def ksd(
+    mcmc: Any,
+    num_draws: int = 1000,
+    linear: bool = False,
+    *,
+    samples: Mapping[str, ArrayLike] | None = None,
+    preconditioner: str | ArrayLike | None = "adapted",
+    c: float = 1.0,
+    beta: float = -0.5,
+    chunk_size: int | None = None,
+    seed: int = 0,
+) -> KSDResult:
+    """The IMQ kernel Stein discrepancy of a run's draws against the full-data posterior (Gorham & Mackey,
+    "Measuring Sample Quality with Kernels", ICML 2017).
+
+    The draws of all chains, pooled, are thinned to at most ``num_draws`` evenly spaced ones; at each, the
+    full-data score ``s(θ) = -∇U(θ)`` is computed in the chain's unconstrained, flattened coordinates
+    (``U``: the prior, all ``N`` data rows and the log-Jacobian of the transforms) by the backend's
+    ``full_data_score`` (:func:`ppl_sgmcmc.numpyro.full_data_score`, :func:`ppl_sgmcmc.pyro.full_data_score`:
+    over the data in minibatches, memory bounded); then :func:`imq_ksd` (or, with ``linear``,
+    :func:`imq_ksd_linear` on a random pairing) of those draws and scores. A run whose KSD is larger than
+    another's on the same target is further from the posterior: a step size too large, a run too short, a
+    gradient noise not corrected for. The value has no absolute scale: compare runs, in the same
+    coordinates (``preconditioner``).
+
+    **Coordinates.** By default the KSD is computed in the coordinates of the run's adapted preconditioner
+    (``adapt_mass_matrix``; ``θ = L u``), ``Γ = L Lᵀ`` averaged over the chains, where the posterior has
+    about unit scale in every direction, so that the IMQ kernel's length scale ``c`` fits every coordinate.
+    A run without one gets ``Γ = None`` (the raw coordinates). To compare two runs, pass the first result's
+    ``preconditioner`` to the second.
+
+    **Cost.** ``m = min(num_draws, draws)`` full-data gradients (each an epoch over the data, ``O(m N)``
+    model evaluations of one row) and ``O(m² d)`` for the V-statistic (``O(m d)`` with ``linear``). A
+    stochastic ``potential_fn(z, rng)`` has no exact gradient: its score is the mean over 16 draws of
+    ``rng``, whose remaining noise adds to the KSD.
+
+    On Pyro the adapted preconditioner is the last chain's, read from ``kernel.last_state`` when that is this
+    run's final state (not when Pyro ran the chains in parallel processes, nor after another run of the
+    kernel), else ``None``.
+
+    :param mcmc: a ``numpyro.infer.MCMC`` or ``pyro.infer.MCMC`` object, run with a ppl_sgmcmc kernel.
+    :param num_draws: the most draws to use, at least 2 (default 1000).
+    :param linear: use the linear-time estimate with its standard error instead of the V-statistic.
+    :param samples: draws to measure instead of the run's: ``{site: (chains, draws, ...)}`` of every latent
+        site, constrained, as ``mcmc.get_samples(group_by_chain=True)`` gives them (e.g. another sampler's
+        draws of the same model, or the run's draws shifted, to see how the value moves).
+    :param preconditioner: ``"adapted"`` (default; see above), ``None``, or ``Γ`` as :func:`imq_ksd` takes it.
+    :param c: the IMQ kernel's length scale (see :func:`imq_ksd`).
+    :param beta: the IMQ exponent (see :func:`imq_ksd`).
+    :param chunk_size: the V-statistic's rows per block (see :func:`imq_ksd`).
+    :param seed: seeds the minibatches of the score's epoch and the linear estimate's pairing.
+    :returns: a :class:`KSDResult` ``(ksd, ksd2, stderr, num_draws, preconditioner)``.
+    :raises TypeError: ``mcmc`` is not a NumPyro or Pyro ``MCMC`` object of a ppl_sgmcmc kernel.
+    :raises ValueError: a run with no draws, a kernel with local Gibbs sites, ``num_draws < 2``, ``samples``
+        without the latent sites, or as :func:`imq_ksd`.
+
+    **Example** (SGLD on a standard normal: the run's draws, and the same draws shifted by one)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from numpyro.infer import MCMC
+        >>> from ppl_sgmcmc.numpyro import SGLD
+        >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1, steps_per_sample=5)
+        >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=400, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)})
+        >>> result = ksd(mcmc, num_draws=200)
+        >>> shifted = ksd(mcmc, num_draws=200, samples={"x": mcmc.get_samples(group_by_chain=True)["x"] + 1.0})
+        >>> result.num_draws, result.preconditioner, result.ksd < shifted.ksd
+        (200, None, True)
+    """
+    fn = "ksd"
+    num_draws = _count(num_draws, "num_draws", fn, 2)
+    seed = _count(seed, "seed", fn, 0)
+    run = _run_of(mcmc, fn)
+    rows = _thin(run.latents(samples), num_draws)
+    x = flatten_draws(rows, batch_ndim=1)
+    gamma = _run_preconditioner(run, preconditioner, fn)
+    scores = run.scores(rows, seed)
+    if linear:
+        estimate = imq_ksd_linear(x, scores, c=c, beta=beta, preconditioner=gamma, key=seed)
+        ksd2, stderr = estimate.ksd2, estimate.stderr
+    else:
+        ksd2 = imq_ksd(x, scores, c=c, beta=beta, preconditioner=gamma, chunk_size=chunk_size, squared=True)
+        stderr = math.nan
+    return KSDResult(math.sqrt(max(ksd2, 0.0)), ksd2, stderr, int(x.shape[0]), gamma)
+
+
+# --- the step-halving check -----------------------------------------------------------------------
+class _HalvedSchedule:
+    """A step-size schedule ``h`` halved from step ``start`` on, its clock slowed to match: step
+    ``start + j`` of the halved chain takes ``h(start + ⌊j/2⌋) / 2``."""
+
+    def __init__(self, schedule: Callable[[Any], Any], start: int) -> None:
+        self.schedule, self.start = schedule, start
+
+    def __call__(self, t: Any) -> Any:
+        return self.schedule(self.start + (t - self.start) // 2) / 2
+
+
+def _halve_tuned(state: Any) -> Any:
+    """A chain's state with its tuned (frozen) step size halved."""
+    adapt = state.adapt_state
+    return state._replace(adapt_state=adapt._replace(step_size=adapt.step_size / 2))
+
+
+@contextlib.contextmanager
+def _kernel_restored(kernel: Any) -> Iterator[None]:
+    """Whatever the block changes on ``kernel``'s attributes is undone when it ends."""
+    saved = dict(vars(kernel))
+    try:
+        yield
+    finally:
+        vars(kernel).clear()
+        vars(kernel).update(saved)
+
+
+def _labels(draws: Mapping[str, np.ndarray]) -> list[str]:
+    """The names of the flattened coordinates of ``{site: (chains, draws, ...)}``, as :func:`flatten_draws`
+    orders them."""
+    labels = []
+    for name in sorted(draws):
+        shape = draws[name].shape[2:]
+        labels += [f"{name}[{','.join(map(str, i))}]" for i in np.ndindex(shape)] if shape else [name]
+    return labels
+
+
+def _moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(mean, its MCSE, sd, its MCSE)`` per coordinate of ``(chains, draws, d)`` draws: ``sd/sqrt(ESS)``, and
+    by the delta method ``MCSE(var) / (2 sd)`` with ``MCSE(var)`` from the squared deviations' ESS (NumPyro's
+    multi-chain effective sample size)."""
+    from numpyro.diagnostics import effective_sample_size
+
+    d = x.shape[-1]
+    flat = x.reshape(-1, d)
+    mean = flat.mean(0)
+    squares = (x - mean) ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sd = np.sqrt(squares.reshape(-1, d).mean(0))
+        mean_se = flat.std(0, ddof=1) / np.sqrt(effective_sample_size(x))
+        sd_se = squares.reshape(-1, d).std(0, ddof=1) / np.sqrt(effective_sample_size(squares)) / (2 * sd)
+    return mean, mean_se, sd, sd_se
+
+
+def step_halving_check(
+    mcmc: Any, num_samples: int | None = None, *, burn_in: int | None = None, alpha: float = 0.05
+) -> StepHalvingResult:
+    """Continue each chain with half the step size and report the posterior moments that moved.
+
+    An SG-MCMC chain at step size ``h`` samples a distribution that differs from the posterior by a bias
+    of order ``h`` (the discretisation and the gradient noise; Vollmer, Zygalakis & Teh, "Exploration of
+    the (Non-)Asymptotic Bias and Variance of Stochastic Gradient Langevin Dynamics", JMLR 17, 2016):
+    where that bias matters, the moments move when ``h`` halves. Each chain continues from its final state
+    for ``burn_in + num_samples`` draws with the step size halved and twice the steps between kept draws,
+    so that they span the same time and are as correlated as the run's (the kernel's ``steps_per_sample``
+    is kept and every second draw dropped, which leaves its warm-up bookkeeping untouched); the first
+    ``burn_in`` draws are discarded while the chain relaxes to the halved step's distribution. Then, for
+    each flattened coordinate of the latent sites, in the **constrained** space the run reports (what
+    ``mcmc.get_samples()`` gives, deterministic sites left out), the mean and the standard deviation of
+    the run's draws are compared with the continuation's: ``z = (halved - original) / sqrt(MCSE₁² +
+    MCSE₂²)``, the Monte Carlo standard errors from NumPyro's multi-chain effective sample sizes. A moment
+    is flagged when ``|z|`` exceeds Bonferroni's family-wise threshold ``Φ⁻¹(1 - alpha / (2K))`` over the
+    ``K = 2d`` compared moments, and a ``RuntimeWarning`` names the flagged moments. The comparison assumes
+    that the run's draws are stationary: a chain still drifting (a warm-up too short) moves its moments
+    too. Silence is not proof of no bias: a bias below the Monte Carlo error (a short run) is not seen.
+
+    The step size halved is the one in force: the tuned one of each chain's state (``step_size=None``),
+    or the kernel's (a schedule is halved and slowed to the doubled steps, from the final step on). The
+    kernel is left as it was (its attributes are restored at the end); other schedules (``temperature``,
+    ``friction``) go on with the step counter, which runs twice as fast per unit of time. On Pyro, the
+    kernel keeps the final state of the last chain it ran (``kernel.last_state``), so that chain is
+    continued and compared, with its own draws; the state must be this run's (chains run one after another,
+    in this process).
+
+    **Cost.** ``2 k t (burn_in + num_samples)`` steps per chain (``k`` the kernel's ``steps_per_sample``,
+    ``t`` the run's thinning): about 2.4 times the run's sampling phase with the defaults. (SGFS's step is
+    proportional to its ``ε`` only for small ``ε``: at large ``ε`` the halved run's draws span less time.)
+
+    :param mcmc: a ``numpyro.infer.MCMC`` or ``pyro.infer.MCMC`` object, run with a ppl_sgmcmc kernel.
+    :param num_samples: the halved-step draws kept per chain (at least 2); default: as many as the run's.
+    :param burn_in: the halved-step draws discarded first (default: ``num_samples // 5``).
+    :param alpha: the family-wise error rate of the comparison (default 0.05).
+    :returns: a :class:`StepHalvingResult` ``(table, flagged, threshold, step_size, halved_step_size)``.
+    :raises TypeError: ``mcmc`` is not a NumPyro or Pyro ``MCMC`` object of a ppl_sgmcmc kernel.
+    :raises ValueError: a run with no draws, an infinite step size (SGFS with ``alpha=0``), bad
+        ``num_samples``, ``burn_in`` or ``alpha``, or (Pyro) a kernel whose last state is not this run's.
+
+    **Example** (SGLD with ``h = 1`` on a standard normal samples a variance of ``1/(1 - h/2) = 2``; at
+    ``h = 1/2``, ``4/3``: the standard deviations move)::
+
+        >>> import warnings, jax, jax.numpy as jnp
+        >>> from numpyro.infer import MCMC
+        >>> from ppl_sgmcmc.numpyro import SGLD
+        >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=1.0)
+        >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=2000, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)})
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     result = step_halving_check(mcmc)
+        >>> [name for name in result.flagged if name.startswith("sd")], result.halved_step_size.tolist()
+        (['sd of x[0]', 'sd of x[1]'], [0.5])
+        >>> result.table.loc["x[0]", ["sd", "sd_halved"]].round(1).tolist(), "sd of x[0]" in str(caught[0].message)
+        ([1.4, 1.2], True)
+    """
+    fn = "step_halving_check"
+    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0 < alpha < 1:
+        raise ValueError(f"{fn}: `alpha` must lie strictly between 0 and 1, got {alpha!r}.")
+    run = _run_of(mcmc, fn)
+    kernel = run.kernel
+    original = run.samples()
+    n = next(iter(original.values())).shape[1] if num_samples is None else _count(num_samples, "num_samples", fn, 2)
+    burn = n // 5 if burn_in is None else _count(burn_in, "burn_in", fn, 0)
+    step_size = kernel._step_size
+    if not kernel._tune and not callable(step_size) and not math.isfinite(step_size):
+        raise ValueError(f"{fn}: {kernel.name}'s step size is {step_size}: there is no discretisation to halve.")
+    with _kernel_restored(kernel):
+        adjust = _halve_tuned
+        if not kernel._tune:
+            kernel._step_size = _HalvedSchedule(step_size, run.step_index()) if callable(step_size) else step_size / 2
+            adjust = _unchanged
+        continuation = run.continue_chains(adjust, burn + n, spacing=2)
+    before = {name: value[continuation.chains] for name, value in original.items()}
+    after = {name: value[:, burn:] for name, value in continuation.samples.items()}
+    table, flagged, threshold = _compare(before, after, alpha)
+    if flagged:
+        warnings.warn(
+            f"{kernel.name}: {len(flagged)} posterior moment(s) moved beyond their Monte Carlo error when the step "
+            f"size was halved: {', '.join(flagged)}. The draws carry a discretisation or gradient-noise bias (or the "
+            "run had not reached its stationary distribution: a warm-up too short): use a smaller step size (or, for "
+            "a tuned one, a smaller `target_noise_ratio`), or a longer warm-up, and check again.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return StepHalvingResult(table, flagged, threshold, continuation.step_size, continuation.halved_step_size)
+
+
+def _unchanged(state: Any) -> Any:
+    return state
+
+
+def _compare(
+    before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray], alpha: float
+) -> tuple["pd.DataFrame", list[str], float]:
+    """The table, the flagged moments and the threshold of :func:`step_halving_check`."""
+    import pandas as pd
+
+    labels = _labels(before)
+    x, y = (np.asarray(flatten_draws(draws), np.float64) for draws in (before, after))
+    chains = len(next(iter(before.values())))
+    x, y = x.reshape(chains, -1, len(labels)), y.reshape(chains, -1, len(labels))
+    mean, mean_se, sd, sd_se = _moments(x)
+    mean_h, mean_se_h, sd_h, sd_se_h = _moments(y)
+    mean_mcse, sd_mcse = np.hypot(mean_se, mean_se_h), np.hypot(sd_se, sd_se_h)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean_z, sd_z = (mean_h - mean) / mean_mcse, (sd_h - sd) / sd_mcse
+    threshold = NormalDist().inv_cdf(1 - alpha / (4 * len(labels)))
+    flagged = []
+    for label, zm, zs in zip(labels, mean_z, sd_z):
+        flagged += [f"{moment} of {label}" for moment, z in (("mean", zm), ("sd", zs)) if abs(z) > threshold]
+    table = pd.DataFrame(
+        {
+            "mean": mean, "mean_halved": mean_h, "mean_mcse": mean_mcse, "mean_z": mean_z,
+            "sd": sd, "sd_halved": sd_h, "sd_mcse": sd_mcse, "sd_z": sd_z,
+        },  # fmt: skip
+        index=pd.Index(labels, name="coordinate"),
+    )
+    return table, flagged, threshold

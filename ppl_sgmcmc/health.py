@@ -29,7 +29,7 @@ FROZEN_TOLERANCE = 1e-6
 FROZEN_STEPS = 128
 
 #: The checks: :func:`check`'s flags, then :func:`update`'s frozen-chain flag.
-KINDS = ("step_size", "rejections", "runaway", "noise", "frozen")
+KINDS = ("step_size", "rejections", "runaway", "noise", "restarts", "frozen")
 
 
 def check(
@@ -40,6 +40,7 @@ def check(
     rule_state: Any,
     noise_ratio: Any = float("nan"),
     noise_limit: float = float("inf"),
+    restarts: Any = 0,
 ) -> tuple[Any, Any]:
     """The health flags of a chain after ``i`` steps, and the values behind them.
 
@@ -48,8 +49,11 @@ def check(
     :param position: the flat position; ``rule_state``: the rule's state (its array leaves are checked).
     :param noise_ratio: the chain's noise ratio (:mod:`ppl_sgmcmc.noise`; NaN while not measured), reported
         above ``noise_limit``.
+    :param restarts: how many times the warm-up returned the chain after it ran off
+        (:func:`ppl_sgmcmc.adaptation.ran_off`).
     :return: ``(flags, values)``: boolean flags for :data:`KINDS` but the last and the floats
-        ``(step_size, i, num_diverging, largest magnitude, noise ratio)``, as arrays of the position's namespace.
+        ``(step_size, i, num_diverging, largest magnitude, noise ratio, restarts)``, as arrays of the position's
+        namespace.
 
     **Example**::
 
@@ -57,7 +61,7 @@ def check(
         >>> from ppl_sgmcmc import health
         >>> flags, values = health.check(jnp.array(200), jnp.array(150), jnp.array(-0.1), jnp.zeros(2), (), 3.0, 0.5)
         >>> flags.tolist()
-        [True, True, False, True]
+        [True, True, False, True, False]
     """
     xp = array_namespace(position)
     dtype = position.dtype
@@ -73,9 +77,10 @@ def check(
             (steps >= MIN_STEPS) & (rejected > REJECTED_FRACTION * steps),
             largest > RUNAWAY,
             ratio > noise_limit,  # NaN: not measured
+            xp.asarray(restarts, dtype=dtype) > 0,
         ]
     )
-    return flags, xp.stack([h, steps, rejected, largest, ratio])
+    return flags, xp.stack([h, steps, rejected, largest, ratio, xp.asarray(restarts, dtype=dtype)])
 
 
 def passed_power_of_two(before: Any, after: Any) -> Any:
@@ -99,7 +104,7 @@ def passed_power_of_two(before: Any, after: Any) -> Any:
 class HealthState(NamedTuple):
     """What a chain's checks found so far: ``flags`` (booleans for :data:`KINDS`, each set once a check
     fails), ``values`` (the values behind them when the first check failed: step size, steps, rejected
-    steps, largest magnitude, noise ratio, steps since the previous check), and ``anchor``/``anchor_step``, the position
+    steps, largest magnitude, noise ratio, warm-up restarts, steps since the previous check), and ``anchor``/``anchor_step``, the position
     at the previous check and its step (to see a frozen chain). The NumPyro kernels keep it in their state,
     so that a compiled run needs no host callback (which would slow every call of a compiled step); the
     host reports it (:class:`Reporter`)."""
@@ -118,11 +123,11 @@ def init(like: Any) -> HealthState:
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc import health
         >>> health.init(jnp.zeros(3)).flags.tolist()
-        [False, False, False, False, False]
+        [False, False, False, False, False, False]
     """
     xp = array_namespace(like)
     return HealthState(
-        xp.zeros((len(KINDS),), dtype=xp.bool), xp.zeros((6,), dtype=like.dtype), like, xp.zeros((), dtype=like.dtype)
+        xp.zeros((len(KINDS),), dtype=xp.bool), xp.zeros((7,), dtype=like.dtype), like, xp.zeros((), dtype=like.dtype)
     )
 
 
@@ -135,6 +140,7 @@ def update(
     rule_state: Any,
     noise_ratio: Any = float("nan"),
     noise_limit: float = float("inf"),
+    restarts: Any = 0,
 ) -> HealthState:
     """``state`` after the checks of :func:`check` at step ``i``, and the frozen-chain check (the position
     moved by less than :data:`FROZEN_TOLERANCE` relative to its magnitude since the previous check, at
@@ -147,10 +153,10 @@ def update(
         >>> from ppl_sgmcmc import health
         >>> state = health.update(health.init(jnp.ones(2)), 200, 150, 0.1, jnp.ones(2), ())
         >>> state.flags.tolist(), state.values.tolist()  # most steps rejected, and the chain did not move
-        ([False, True, False, False, True], [0.10000000149011612, 200.0, 150.0, 1.0, nan, 200.0])
+        ([False, True, False, False, False, True], [0.10000000149011612, 200.0, 150.0, 1.0, nan, 0.0, 200.0])
     """
     xp = array_namespace(position)
-    flags, values = check(i, num_diverging, step_size, position, rule_state, noise_ratio, noise_limit)
+    flags, values = check(i, num_diverging, step_size, position, rule_state, noise_ratio, noise_limit, restarts)
     steps = xp.asarray(i, dtype=position.dtype)
     since = steps - state.anchor_step
     moved = xp.max(xp.abs(position - state.anchor))
@@ -167,10 +173,10 @@ def message(kernel: str, kind: str, values: Any) -> str:
     **Example**::
 
         >>> from ppl_sgmcmc import health
-        >>> print(health.message("SGLD", "rejections", [1e-3, 200, 150, 1.0, 0.1, 72]))
+        >>> print(health.message("SGLD", "rejections", [1e-3, 200, 150, 1.0, 0.1, 0, 72]))
         SGLD: 150 of the first 200 steps were rejected as non-finite ...
     """
-    h, steps, rejected, largest, ratio, since = (float(v) for v in values)
+    h, steps, rejected, largest, ratio, restarts, since = (float(v) for v in values)
     if kind == "step_size":
         return (
             f"{kernel}: the step size reached h = {h:g} by step {int(steps)}; steps with a non-positive or NaN "
@@ -197,6 +203,14 @@ def message(kernel: str, kind: str, values: Any) -> str:
             "kernel injects, so the draws are probably too widely spread (ppl_sgmcmc.noise). Use a smaller step "
             "size, or leave `step_size` unset for the warm-up to choose it; a larger `subsample_size` also helps."
         )
+    if kind == "restarts":
+        return (
+            f"{kernel}: during the warm-up the chain ran off {int(restarts)} time(s) (its minibatch energy rose by "
+            "orders of magnitude in a few steps) and was returned to its last window's position with the step size "
+            f"divided by 4 (now h = {h:g}): the posterior's curvature varies more than the chain's start showed (a "
+            "neural network's often does). The draws are usable, but check that the chains agree (r_hat) and that "
+            "the noise ratio in sample_stats stays small; `dense_mass=True` or a longer warm-up may help."
+        )
     if kind == "frozen":
         return (
             f"{kernel}: the chain has not moved in the {int(since)} steps before step {int(steps)} (its position "
@@ -219,7 +233,7 @@ class Reporter:
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     for _ in range(3):
-        ...         reporter.report([False, True, False, False, False], [1e-3, 200, 150, 1.0, 0.1, 72])
+        ...         reporter.report([False, True, False, False, False, False], [1e-3, 200, 150, 1.0, 0.1, 0, 72])
         >>> len(caught)
         1
     """

@@ -331,14 +331,14 @@ def run_adaptation(draws: np.ndarray, noise_terms: np.ndarray, dense: bool, *, a
     def scan(state: ad.AdaptState) -> tuple[ad.AdaptState, tuple[jax.Array, jax.Array]]:
         def body(s: ad.AdaptState, t: jax.Array) -> tuple[ad.AdaptState, tuple[jax.Array, jax.Array]]:
             u = ad.to_u(s.preconditioner, xs[t])
-            s, _ = ad.adapt_step(s, u, terms[t], True, t, ends, adapt_mass=adapt_mass, tune_step_size=tune,
-                                 target=0.1, temperature=1.0, max_step_size=0.5)  # fmt: skip
+            s, _ = ad.adapt_step(s, u, xs[t], 0.0, terms[t], True, t, ends, adapt_mass=adapt_mass,
+                                 tune_step_size=tune, target=0.1, temperature=1.0, max_step_size=0.5)  # fmt: skip
             scale = s.preconditioner.scale
             return s, (s.step_size, scale[0, 0] if dense else scale[0])
 
         return jax.lax.scan(body, state, jnp.arange(steps))
 
-    state, (step_sizes, scales) = scan(ad.adapt_init(ad.identity(d, dense, xs), 0.01, 1.0))
+    state, (step_sizes, scales) = scan(ad.adapt_init(ad.identity(d, dense, xs), 0.01, 1.0, xs[0], 0.0))
     return state, np.asarray(step_sizes), np.asarray(scales)
 
 
@@ -351,10 +351,12 @@ def test_adapt_step_tunes_at_window_ends(dense: bool) -> None:
     terms[1000:, 1] = 200.0
     state, step_sizes, _ = run_adaptation(draws, terms, dense, adapt_mass=False)
     ends = [end for _, end in ad.adaptation_schedule(NUM_WARMUP)]  # 300, 400, 600, 1000, 1800, 2000
+    # the step size is set every 2.5 % of the warm-up (50 steps) from the noisiest 50-step period since the slow
+    # window began: 2·0.1/50 from step 49; the period [1000, 1050) is the first with noise 200
     changes = [t for t in range(1, NUM_WARMUP) if step_sizes[t] != step_sizes[t - 1]]
-    assert changes == [300 - 1, 1800 - 1]  # the same noise in every window up to step 1000: the same step size
-    np.testing.assert_allclose(step_sizes[ends[0] - 1 : 1800 - 1], 2 * 0.1 / 50, rtol=1e-5)
-    np.testing.assert_allclose(step_sizes[1800 - 1 :], 2 * 0.1 / 200, rtol=1e-5)  # the window [1000, 1800)
+    assert changes == [50 - 1, 1050 - 1]
+    np.testing.assert_allclose(step_sizes[50 - 1 : 1050 - 1], 2 * 0.1 / 50, rtol=1e-5)
+    np.testing.assert_allclose(step_sizes[1050 - 1 :], 2 * 0.1 / 200, rtol=1e-5)
     assert int(state.window_index) == len(ends)
     # frozen after the warm-up, whatever comes
     steps = NUM_WARMUP + 50
@@ -392,17 +394,18 @@ def test_adapt_step_vmap_and_torch_agree() -> None:
 
     def chain(x: jax.Array, term: jax.Array) -> ad.AdaptState:
         def body(s: ad.AdaptState, t: jax.Array) -> tuple[ad.AdaptState, None]:
-            return ad.adapt_step(s, ad.to_u(s.preconditioner, x[t]), term[t], True, t, ends, **kwargs)[0], None
+            return ad.adapt_step(s, ad.to_u(s.preconditioner, x[t]), x[t], 0.0, term[t], True, t, ends, **kwargs)[0], None
 
-        return jax.lax.scan(body, ad.adapt_init(ad.identity(3, True, x), 0.01, 1.0), jnp.arange(400))[0]
+        return jax.lax.scan(body, ad.adapt_init(ad.identity(3, True, x), 0.01, 1.0, x[0], 0.0), jnp.arange(400))[0]
 
     states = jax.jit(jax.vmap(chain))(xs, ts)
     t_ends = ad.window_ends(schedule, torch.zeros(1))
     for c in range(3):
-        t_state = ad.adapt_init(ad.identity(3, True, torch.zeros(1)), 0.01, 1.0)
+        t_state = ad.adapt_init(ad.identity(3, True, torch.zeros(1)), 0.01, 1.0, torch.zeros(3), 0.0)
         for t in range(400):
-            u = ad.to_u(t_state.preconditioner, torch.tensor(draws[c, t]))
-            t_state, _ = ad.adapt_step(t_state, u, torch.tensor(terms[c, t]), True, t, t_ends, **kwargs)
+            theta = torch.tensor(draws[c, t])
+            u = ad.to_u(t_state.preconditioner, theta)
+            t_state, _ = ad.adapt_step(t_state, u, theta, 0.0, torch.tensor(terms[c, t]), True, t, t_ends, **kwargs)
         np.testing.assert_allclose(as_np(t_state.preconditioner.scale), as_np(states.preconditioner.scale[c]),
                                    rtol=1e-4, atol=1e-6)  # fmt: skip
         np.testing.assert_allclose(float(t_state.step_size), float(states.step_size[c]), rtol=1e-5)

@@ -182,3 +182,32 @@ def test_bad_adaptation_options(backend):
         else:
             kernel.initial_params = {"x": torch.zeros(2)}
             kernel.setup(minimum - 1)
+
+
+def walled(backend):
+    """``U = x²/2`` inside ``|x| < 2.5`` and a steep quartic wall outside: a tuned step size that is stable at
+    the start (curvature 1) makes a chain that reaches the wall run off."""
+    if backend is np_backend:
+        return lambda z: jnp.sum(0.5 * z["x"] ** 2 + 50 * jnp.maximum(jnp.abs(z["x"]) - 2.5, 0.0) ** 4)
+    return lambda z: (0.5 * z["x"] ** 2 + 50 * torch.clamp(z["x"].abs() - 2.5, min=0.0) ** 4).sum()
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_warmup_restarts_a_chain_that_runs_off(backend):
+    kernel = backend.SGLD(potential_fn=walled(backend), find_mode=False)
+    if backend is np_backend:
+        mcmc = MCMC(kernel, num_warmup=3000, num_samples=500, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(4)}, extra_fields=("adapt_state.restarts",))
+        state = mcmc.last_state
+        restarts, x = int(state.adapt_state.restarts), np.asarray(mcmc.get_samples()["x"])
+        step = float(state.step_size)
+    else:
+        pyro.set_rng_seed(0)
+        mcmc = pyro.infer.MCMC(kernel, warmup_steps=3000, num_samples=500, initial_params={"x": torch.zeros(4)},
+                               disable_progbar=True)  # fmt: skip
+        mcmc.run()
+        state = kernel.last_state.state
+        restarts, x, step = int(state.adapt_state.restarts), mcmc.get_samples()["x"].numpy(), state.step_size
+    assert restarts >= 1  # the cap (0.2 at the start's curvature) is unstable on the wall: each run-off shrinks it
+    assert step < kernel.max_step_size
+    assert np.all(np.isfinite(x)) and np.abs(x).max() < 4  # and the chain samples inside the wall afterwards

@@ -1,4 +1,5 @@
-"""Kernel Stein discrepancy (:mod:`ppl_sgmcmc.diagnostics`).
+"""Kernel Stein discrepancy and the run-level checks (:mod:`ppl_sgmcmc.diagnostics`), on NumPyro runs (the
+Pyro backend's runs: ``tests/pyro/test_scores.py``).
 
 The reference Stein kernel is built from its definition, not from the closed form the module uses:
 ``k0(x, y) = Σ_k a_k² (∂x_k + s_k(x)) (∂y_k + s_k(y)) k̃(x, y)`` with the derivatives of the kernel
@@ -7,15 +8,31 @@ The reference Stein kernel is built from its definition, not from the closed for
 checks use fixed seeds and tolerances of ``K_SIGMA`` Monte Carlo standard errors (``tests/helpers.py``).
 """
 
+import warnings
+
 import arviz as az
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
 from jax.flatten_util import ravel_pytree
+from numpyro.infer import MCMC, NUTS
 
-from ppl_sgmcmc.diagnostics import LinearKSD, flatten_draws, imq_ksd, imq_ksd_linear
-from tests.helpers import K_SIGMA
+from ppl_sgmcmc.diagnostics import (
+    KSDResult,
+    LinearKSD,
+    StepHalvingResult,
+    _HalvedSchedule,
+    flatten_draws,
+    imq_ksd,
+    imq_ksd_linear,
+    ksd,
+    step_halving_check,
+)
+from ppl_sgmcmc.numpyro import SGFS, SGLD
+from tests.helpers import K_SIGMA, conjugate_posterior, linear_regression_data
 
 
 # --- the reference: k0 from its definition, by autodiff, in float64 -----------------------------
@@ -235,3 +252,218 @@ def test_flatten_draws_bad_input():
         flatten_draws({"a": np.zeros(5)})
     with pytest.raises(ValueError, match="`batch_ndim`"):
         flatten_draws({"a": np.zeros((2, 5))}, batch_ndim=0)
+
+
+def test_dense_preconditioner_is_the_whitened_ksd():
+    """A ``(d, d)`` ``Γ = L Lᵀ``: the KSD of ``L⁻¹ x`` with scores ``Lᵀ s``, whatever factor of ``Γ``; a
+    diagonal matrix is its vector."""
+    x, s = small_case(seed=6)
+    A = np.array([[2.0, 0.0, 0.0], [0.7, 0.5, 0.0], [-0.3, 0.2, 1.5]])
+    gamma = A @ A.T
+    want = imq_ksd(np.linalg.solve(A, x.T).T, s @ A, squared=True)  # A is not gamma's Cholesky factor: a rotation
+    assert imq_ksd(x, s, preconditioner=gamma, squared=True) == pytest.approx(want, rel=1e-4)
+    assert imq_ksd_linear(x, s, preconditioner=gamma).ksd2 == pytest.approx(
+        imq_ksd_linear(np.linalg.solve(A, x.T).T, s @ A).ksd2, rel=1e-4
+    )
+    variances = np.array([0.3, 1.0, 4.0])
+    assert imq_ksd(x, s, preconditioner=np.diag(variances)) == pytest.approx(
+        imq_ksd(x, s, preconditioner=variances), rel=1e-6
+    )
+    for bad in (np.array([[1.0, 2.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]), -np.eye(3), np.full((3, 3), np.nan)):
+        with pytest.raises(ValueError, match="symmetric, positive definite"):
+            imq_ksd(x, s, preconditioner=bad)
+    with pytest.raises(ValueError, match=r"or a \(3, 3\) matrix"):
+        imq_ksd(x, s, preconditioner=np.eye(2))
+
+
+# --- (6) ksd of a run ------------------------------------------------------------------------------
+def regression_model(X, y):
+    """The conjugate linear regression of ``tests/helpers.py``: ``w ~ N(0, I)``, ``y ~ N(X w, 1)``."""
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=20):
+        X_batch = numpyro.subsample(X, event_dim=1)
+        numpyro.sample("y", dist.Normal(X_batch @ w, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def regression_run(step_size, seed, X, y, start):
+    mcmc = MCMC(
+        SGLD(regression_model, step_size=step_size, steps_per_sample=5),
+        num_warmup=200, num_samples=500, num_chains=2, chain_method="vectorized", progress_bar=False,
+    )  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(seed), X, y, init_params={"w": jnp.tile(jnp.asarray(start, jnp.float32), (2, 1))})
+    return mcmc
+
+
+def test_ksd_ranks_a_ten_times_too_large_step_size_and_a_shifted_sample_worse():
+    """Conjugate regression (N = 100, n = 20): SGLD with ``h λ_max = 0.1`` against ``10 h`` (whose draws are
+    about twice too wide), in the coordinates of the exact posterior variances; and the good run's draws
+    shifted by one posterior sd, which the linear-time estimate sees by many standard errors."""
+    X, y, _ = linear_regression_data(100, 2, 1.0, seed=0)
+    mean, cov = conjugate_posterior(X, y, 1.0, 1.0)
+    h = 0.1 / np.linalg.eigvalsh(np.linalg.inv(cov)).max()
+    good, bad = regression_run(h, 0, X, y, mean), regression_run(10 * h, 1, X, y, mean)
+    gamma = np.diag(cov)
+    result, too_large = ksd(good, preconditioner=gamma), ksd(bad, preconditioner=gamma)
+    print(f"KSD: h {result.ksd:.3f}, 10 h {too_large.ksd:.3f}")
+    assert isinstance(result, KSDResult) and result.num_draws == 1000 and np.isnan(result.stderr)
+    assert result.ksd == pytest.approx(np.sqrt(result.ksd2))
+    np.testing.assert_array_equal(result.preconditioner, gamma)
+    assert 3 * result.ksd < too_large.ksd
+    shifted = {"w": good.get_samples(group_by_chain=True)["w"] + np.sqrt(gamma)}
+    linear = ksd(good, preconditioner=gamma, linear=True, seed=1)
+    moved = ksd(good, preconditioner=gamma, linear=True, seed=1, samples=shifted)
+    print(f"linear KSD²: {linear.ksd2:.3f} ± {linear.stderr:.3f}, shifted {moved.ksd2:.3f} ± {moved.stderr:.3f}")
+    assert linear.num_draws == 1000 and linear.stderr > 0
+    assert moved.ksd2 - linear.ksd2 > K_SIGMA * np.hypot(linear.stderr, moved.stderr)
+
+
+def gaussian_potential(z):
+    """``U(x) = xᵀ P x / 2`` with ``P = [[1, 0.5], [0.5, 2]]``: the score is ``-P x``."""
+    return 0.5 * z["x"] @ PRECISION @ z["x"]
+
+
+PRECISION = jnp.array([[1.0, 0.5], [0.5, 2.0]])
+
+
+@pytest.fixture(scope="module")
+def tuned_run():
+    """SGLD with the warm-up's step size and a dense adapted preconditioner, two chains."""
+    kernel = SGLD(potential_fn=gaussian_potential, find_mode=False, dense_mass=True, steps_per_sample=2)
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=300, num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(3), init_params={"x": jnp.zeros((2, 2))})
+    return mcmc
+
+
+def test_ksd_of_a_run_is_imq_ksd_of_its_thinned_draws_in_the_adapted_coordinates(tuned_run):
+    """Evenly spaced draws of the pooled chains, the exact scores ``-P x``, and ``Γ`` the chains' ``L Lᵀ``
+    averaged."""
+    scale = np.asarray(tuned_run.last_state.adapt_state.preconditioner.scale, np.float64)
+    assert scale.shape == (2, 2, 2)
+    gamma = np.mean(scale @ np.swapaxes(scale, 1, 2), axis=0)
+    draws = np.asarray(tuned_run.get_samples(group_by_chain=True)["x"]).reshape(600, 2)
+    rows = draws[np.arange(250) * 600 // 250]
+    result = ksd(tuned_run, num_draws=250)
+    np.testing.assert_allclose(result.preconditioner, gamma, rtol=1e-12)
+    assert result.num_draws == 250
+    want = imq_ksd(rows, -rows @ np.asarray(PRECISION), preconditioner=gamma)
+    assert result.ksd == pytest.approx(want, rel=1e-4)
+    assert ksd(tuned_run, num_draws=5000).num_draws == 600  # never more than the run's draws
+    unpreconditioned = ksd(tuned_run, num_draws=250, preconditioner=None)
+    assert unpreconditioned.preconditioner is None
+    assert unpreconditioned.ksd == pytest.approx(imq_ksd(rows, -rows @ np.asarray(PRECISION)), rel=1e-4)
+
+
+# --- (7) the step-halving check --------------------------------------------------------------------
+DIAGONAL = jnp.array([1.0, 0.25])
+
+
+def diagonal_potential(z):
+    """``U(x) = Σ_k λ_k x_k² / 2`` with ``λ = (1, 1/4)``."""
+    return 0.5 * jnp.sum(DIAGONAL * z["x"] ** 2)
+
+
+def sgld_run(step_size, steps_per_sample, num_samples, seed=0):
+    kernel = SGLD(potential_fn=diagonal_potential, step_size=step_size, steps_per_sample=steps_per_sample)
+    mcmc = MCMC(kernel, num_warmup=100, num_samples=num_samples, num_chains=2, chain_method="vectorized",
+                progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(seed), init_params={"x": jnp.zeros((2, 2))})
+    return mcmc
+
+
+def test_step_halving_flags_a_far_too_large_step_size():
+    """SGLD at ``h = 1`` samples ``Var x_k = 1 / (λ_k (1 - h λ_k / 2))``: sd 1.41 instead of 1 for ``λ = 1``,
+    1.15 at ``h = 1/2``; the means stay at 0. The kernel is left as it was: the run continues with its own
+    step size and steps per draw."""
+    mcmc = sgld_run(1.0, 1, 2000)
+    kernel = mcmc.sampler
+    with pytest.warns(RuntimeWarning, match=r"moved beyond their Monte Carlo error .*sd of x\[0\]"):
+        result = step_halving_check(mcmc)
+    assert isinstance(result, StepHalvingResult)
+    print(result.table.to_string())
+    assert "sd of x[0]" in result.flagged and not any(name.startswith("mean") for name in result.flagged)
+    table = result.table
+    assert list(table.index) == ["x[0]", "x[1]"]
+    assert abs(table.loc["x[0]", "sd_halved"] - 1 / np.sqrt(1 - 0.25)) < K_SIGMA * table.loc["x[0]", "sd_mcse"]
+    assert result.threshold == pytest.approx(2.4977, abs=1e-4)  # Φ⁻¹(1 - 0.05 / 8)
+    np.testing.assert_array_equal(result.step_size, [1.0, 1.0])
+    np.testing.assert_array_equal(result.halved_step_size, [0.5, 0.5])
+    assert kernel._step_size == 1.0 and kernel._steps_per_sample == 1
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(mcmc.last_state.rng_key, init_params=mcmc.last_state.z)
+    assert int(mcmc.last_state.i[0]) == 2100 + 2000 and float(mcmc.last_state.step_size[0]) == 1.0
+
+
+def test_step_halving_is_silent_on_a_healthy_run():
+    """``h = 0.05``: the sds differ from the posterior's by at most 1.3 % at ``h`` and 0.6 % at ``h/2``, well
+    within the Monte Carlo error of 1000 draws per chain."""
+    mcmc = sgld_run(0.05, 10, 1000, seed=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = step_halving_check(mcmc, num_samples=500)
+    print(result.table.to_string())
+    assert result.flagged == [] and not caught, [str(w.message) for w in caught]
+    assert (result.table[["mean_z", "sd_z"]].abs() < result.threshold).all(axis=None)
+
+
+def test_step_halving_halves_a_tuned_step_size(tuned_run):
+    """A tuned step size is the chains' state's: the continuation runs at half of it."""
+    tuned = np.asarray(tuned_run.last_state.adapt_state.step_size)
+    result = step_halving_check(tuned_run, num_samples=50, burn_in=0)
+    np.testing.assert_allclose(result.halved_step_size, tuned / 2, rtol=1e-6)
+    np.testing.assert_allclose(tuned_run.last_state.adapt_state.step_size, tuned)  # the run's state is untouched
+
+
+def test_step_halving_halves_a_schedule_and_slows_its_clock():
+    def schedule(t):
+        return 0.1 / (1.0 + t / 100.0)
+
+    halved = _HalvedSchedule(schedule, 600)
+    assert [halved(t) for t in (600, 601, 602, 700)] == [schedule(600) / 2, schedule(600) / 2, schedule(601) / 2,
+                                                          schedule(650) / 2]  # fmt: skip
+    kernel = SGLD(potential_fn=diagonal_potential, step_size=schedule)
+    mcmc = MCMC(kernel, num_warmup=100, num_samples=500, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(2), init_params={"x": jnp.zeros(2)})
+    with warnings.catch_warnings():  # 500 draws, and 40 more, of a slow chain: only the step sizes are checked
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = step_halving_check(mcmc, num_samples=40, burn_in=10)
+    # the continuation's last step is 600 + 2 · 50 - 1: the schedule at 600 + 49
+    assert result.halved_step_size[0] == pytest.approx(schedule(649) / 2, rel=1e-6)
+    assert result.step_size[0] == pytest.approx(schedule(599), rel=1e-6) and kernel._step_size is schedule
+
+
+# --- (8) bad input to the run-level functions -------------------------------------------------------
+def test_run_level_bad_input():
+    with pytest.raises(TypeError, match="`mcmc` must be a numpyro.infer.MCMC or pyro.infer.MCMC"):
+        ksd({"x": np.zeros((1, 10))})
+    nuts = MCMC(NUTS(potential_fn=gaussian_potential), num_warmup=1, num_samples=1, progress_bar=False)
+    with pytest.raises(TypeError, match="the run's kernel is NUTS, not a ppl_sgmcmc kernel"):
+        step_halving_check(nuts)
+    idle = MCMC(SGLD(potential_fn=gaussian_potential, step_size=0.1), num_warmup=1, num_samples=1, progress_bar=False)
+    with pytest.raises(ValueError, match=r"holds no draws: call `mcmc.run\(...\)` first"):
+        ksd(idle)
+    mcmc = sgld_run(0.1, 1, 20)
+    with pytest.raises(ValueError, match="`num_draws` must be an integer >= 2"):
+        ksd(mcmc, num_draws=1)
+    with pytest.raises(ValueError, match="`preconditioner` must be \"adapted\", None or an array"):
+        ksd(mcmc, preconditioner="identity")
+    with pytest.raises(ValueError, match=r"`samples` lack the latent site\(s\) \['x'\]"):
+        ksd(mcmc, samples={"y": np.zeros((1, 5, 2))})
+    with pytest.raises(ValueError, match="`alpha` must lie strictly between 0 and 1"):
+        step_halving_check(mcmc, alpha=1.0)
+    with pytest.raises(ValueError, match="`num_samples` must be an integer >= 2"):
+        step_halving_check(mcmc, num_samples=1)
+    with pytest.raises(ValueError, match="`burn_in` must be an integer >= 0"):
+        step_halving_check(mcmc, burn_in=-1)
+
+
+def test_step_halving_refuses_an_infinite_step_size():
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=10):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+    mcmc = MCMC(SGFS(model, alpha=0.0, fisher="diagonal", find_mode=False), num_warmup=0, num_samples=5,
+                progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(0), jnp.zeros(50))
+    with pytest.raises(ValueError, match="SGFS's step size is inf: there is no discretisation to halve"):
+        step_halving_check(mcmc)

@@ -4,6 +4,7 @@ from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.inference_data import full_data_log_likelihood, predictive, to_inference_data
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel, SGMCMCState
 from ppl_sgmcmc.numpyro.kernels import CSGHMC, CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT, SGRLD, ContourState
+from ppl_sgmcmc.numpyro.scores import full_data_score
 
 __all__ = [
     "CSGHMC",
@@ -19,6 +20,7 @@ __all__ = [
     "SGRLD",
     "full_data",
     "full_data_log_likelihood",
+    "full_data_score",
     "predictive",
     "to_inference_data",
 ]

@@ -18,7 +18,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from ppl_sgmcmc import _checks, health, noise
+from ppl_sgmcmc import _checks, adaptation, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.numpyro import gibbs, warmup
 from ppl_sgmcmc.numpyro.handlers import full_data
@@ -467,6 +467,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 health=health.update(
                     state.health, state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0],
                     state.rule_state, self._measured_ratio(state), self.noise_ratio_limit,
+                    state.adapt_state.restarts if self.adapts else 0,
                 )
             )
 
@@ -506,16 +507,19 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             init_params = self._unravel(flat)
         laplace = probe = None
         if self._adapt_mass:
-            rows = warmup.hessian_rows(target.data_size, flat.shape[0])
-            flat, laplace = self._laplace(flat, *warmup.hessian(gradient, target.epoch(key_hessian, rows), flat))
-            init_params = self._unravel(flat)
+            batches = target.epoch(key_hessian, warmup.hessian_rows(target.data_size, flat.shape[0]))
+            hessian, mean_gradient = warmup.hessian(gradient, batches, flat)
+            laplace = self._laplace(hessian)
+            if self._find_mode_steps:  # and a Newton step from the optimiser's end
+                flat = warmup.line_search(gradient, batches, flat, adaptation.newton_direction(hessian, mean_gradient))
+                init_params = self._unravel(flat)
         if self._tune:
             rows = warmup.PROBE_BATCHES * max((n for _, n in getattr(target, "plate_sizes", {}).values()), default=1)
             probe = warmup.probe(gradient, target.epoch(key_probe, rows), flat)
         batch, batch_state = target.draw(key_draw, batch_state)
         first = gradient(flat, batch)
         rule_state = self.rule_init(flat, random.normal(key_noise, flat.shape, flat.dtype))
-        adapt_state, rule_state = self._initial_adaptation(flat, laplace, probe, rule_state)
+        adapt_state, rule_state = self._initial_adaptation(flat, laplace, probe, rule_state, first.energy)
         step_size = jnp.asarray(self.step_size_in(adapt_state, 0), flat.dtype)
         return self.state_type(
             i=jnp.zeros((), jnp.int32),
@@ -588,11 +592,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         noise_state, term, valid = self._measure_noise(state.noise, gradient, rule_state, finite, state.i)
         adapt_state = state.adapt_state
         if self.adapts:
-            adapt_state, noise_state, rule_state = warmup.when(
+            adapt_state, noise_state, rule_state, new_flat = warmup.when(
                 state.i < self._num_warmup_steps,
                 lambda ops, args: self._adapt(*ops, *args),
-                (adapt_state, noise_state, rule_state),
-                (new_flat, term, valid, state.i),
+                (adapt_state, noise_state, rule_state, new_flat),
+                (keep(gradient.energy, state.potential_energy), term, valid, state.i, _refresh_noise(key_noise, flat)),
             )
         return self.state_type(
             i=state.i + 1,

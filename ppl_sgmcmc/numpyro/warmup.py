@@ -10,6 +10,8 @@ from a target (:mod:`~ppl_sgmcmc.numpyro.potential`), inside the kernel's compil
 * :func:`hessian`: the Hessian of the potential at a point and its gradient, the means over up to
   :data:`HESSIAN_ROWS` rows of the data drawn without replacement (all of them for smaller data sets),
   each by forward-over-reverse differentiation of the minibatch gradient.
+* :func:`line_search`: the best fraction of the Newton step from the optimiser's end point
+  (:func:`ppl_sgmcmc.adaptation.newton_direction`), on the Hessian's minibatches.
 * :func:`probe`: :data:`PROBE_BATCHES` minibatch gradients at one point, whose spread is the gradient
   noise that sets the first step size.
 * :func:`when`: ``fn(operand)`` if a predicate holds: a branch, kept a branch under ``jax.vmap`` (the
@@ -26,8 +28,10 @@ import jax.numpy as jnp
 import optax
 from jax import custom_batching, lax, random, vmap
 
-__all__ = ["FIND_MODE_FINAL_RATE", "FIND_MODE_RATE", "HESSIAN_ROWS", "PROBE_BATCHES", "find_mode", "hessian", "probe",
-           "when"]
+from ppl_sgmcmc.adaptation import NEWTON_FRACTIONS
+
+__all__ = ["FIND_MODE_FINAL_RATE", "FIND_MODE_RATE", "HESSIAN_ROWS", "PROBE_BATCHES", "find_mode", "hessian",
+           "hessian_rows", "line_search", "probe", "when"]
 
 #: Adam's learning rate at the start of :func:`find_mode` and, as a fraction of it, at the end.
 FIND_MODE_RATE, FIND_MODE_FINAL_RATE = 0.1, 0.01
@@ -117,6 +121,29 @@ def hessian(gradient: GradientFn, batches: Any, flat: jax.Array) -> tuple[jax.Ar
 
     (H, g), _ = lax.scan(body, (jnp.zeros((d, d), flat.dtype), jnp.zeros(d, flat.dtype)), batches)
     return H / count, g / count
+
+
+def line_search(gradient: GradientFn, batches: Any, flat: jax.Array, step: jax.Array) -> jax.Array:
+    """The best of ``flat - t step`` for ``t`` in :data:`~ppl_sgmcmc.adaptation.NEWTON_FRACTIONS` and ``t = 0``:
+    the lowest mean minibatch energy over ``batches`` (the same minibatches for every candidate).
+
+    **Example** (the full step of ``U(x) = x²`` from 1 overshoots to -3; a quarter of it lands at 0)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from ppl_sgmcmc.numpyro.warmup import line_search
+        >>> from ppl_sgmcmc.rules import StochasticGradient
+        >>> def gradient(x, batch):
+        ...     return StochasticGradient(jnp.sum(x**2), 2 * x, None)
+        >>> line_search(gradient, jnp.arange(2), jnp.array([1.0]), jnp.array([4.0])).tolist()
+        [0.0]
+    """
+    candidates = jnp.stack([flat - t * step for t in (0.0, *NEWTON_FRACTIONS)])
+
+    def body(total, batch):
+        return total + vmap(lambda x: gradient(x, batch).energy)(candidates), None
+
+    energies, _ = lax.scan(body, jnp.zeros(candidates.shape[0], flat.dtype), batches)
+    return candidates[jnp.argmin(jnp.where(jnp.isfinite(energies), energies, jnp.inf))]
 
 
 def hessian_rows(data_size: int, dim: int) -> int:

@@ -16,6 +16,7 @@ from ppl_sgmcmc.pyro.handlers import FullDataModel, full_data, subsample_plates
 from ppl_sgmcmc.pyro.inference_data import full_data_log_likelihood, predictive, sample_stats, to_inference_data
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel, SGMCMCState
 from ppl_sgmcmc.pyro.kernels import CSGHMC, CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT, SGRLD, ContourState
+from ppl_sgmcmc.pyro.scores import full_data_score
 
 __all__ = [
     "CSGHMC",
@@ -33,6 +34,7 @@ __all__ = [
     "SGRLD",
     "full_data",
     "full_data_log_likelihood",
+    "full_data_score",
     "predictive",
     "sample_stats",
     "subsample_plates",

@@ -16,7 +16,7 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ppl_sgmcmc import _checks, health, noise
+from ppl_sgmcmc import _checks, adaptation, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.pyro import warmup
 from ppl_sgmcmc.pyro.gibbs import GibbsTarget
@@ -286,9 +286,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         name = self.name
         resume = self._resume_from  # a chain to continue (`resume_from`), consumed once set up
         self._warmup_steps = warmup_steps
-        # the algorithm's warm-up windows are the chain's own, also when it continues without a warm-up
-        self._chain_warmup = warmup_steps if resume is None else resume.num_warmup
-        self._set_warmup(self._chain_warmup)
+        # the algorithm's warm-up windows are the chain's own (in steps), also when it continues without a warm-up
+        if resume is None:
+            self._set_warmup(warmup_steps)
+        else:
+            self._set_warmup(resume.num_warmup // self._steps_per_sample, steps=resume.num_warmup)
         if resume is not None:
             self._initial_params = dict(resume.state.z)
         args, kwargs = as_tensors(args), as_tensors(kwargs)
@@ -421,8 +423,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._num_diverging += 1
             term, valid = torch.zeros_like(flat), False
         if self.adapts and state.i < self._num_warmup_steps:
-            adapt_state, noise_state, rule_state = self._adapt(
-                adapt_state, noise_state, rule_state, self._flat, term, valid, state.i
+            adapt_state, noise_state, rule_state, self._flat = self._adapt(
+                adapt_state, noise_state, rule_state, self._flat, energy, term, valid, state.i, self._normal(flat)
             )
         # z is filled in once per draw, by `sample`
         self._state = self.state_type(
@@ -452,14 +454,23 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             flat = warmup.find_mode(target, flat, self._generator, self._find_mode_steps, score_kind)
         laplace = probe = None
         if self._adapt_mass:
-            rows = warmup.hessian_rows(target.data_size, flat.shape[0])
-            flat, laplace = self._laplace(flat, *warmup.hessian(target, flat, target.epoch(self._generator, rows)))
+            batches = target.epoch(self._generator, warmup.hessian_rows(target.data_size, flat.shape[0]))
+            hessian, mean_gradient = warmup.hessian(target, flat, batches)
+            laplace = self._laplace(hessian)
+            if self._find_mode_steps:  # and a Newton step from the optimiser's end
+                step = adaptation.newton_direction(hessian, mean_gradient)
+                flat = warmup.line_search(target, flat, batches, step, score_kind)
         if self._tune:
             n = max((n for _, n in target.plate_sizes.values()), default=1)
             probe = warmup.probe(target, flat, target.epoch(self._generator, warmup.PROBE_BATCHES * n), score_kind)
         self._flat = self._finite_flat = flat
         rule_state = self.rule_init(flat, self._normal(flat))
-        adapt_state, rule_state = self._initial_adaptation(flat, laplace, probe, rule_state)
+        energy = None
+        if probe is not None:  # the start's minibatch energy, the first best of the warm-up (see adaptation.ran_off)
+            energy = probe.energy.mean()
+        elif laplace is not None:
+            energy = target.gradient(flat, batches[0], score_kind).energy
+        adapt_state, rule_state = self._initial_adaptation(flat, laplace, probe, rule_state, energy)
         self._state = self.state_type(
             i=0,
             z=self._target.layout.unravel(flat),
@@ -481,9 +492,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if state is not None:
             checks = self._health_state if self._health_state is not None else health.init(self._flat)
             ratio = state.noise_ratio if int(state.noise.count) >= noise.HORIZON else float("nan")
+            restarts = state.adapt_state.restarts if self.adapts else 0
             checks = health.update(
                 checks, state.i, state.num_diverging, state.step_size, self._flat, state.rule_state, ratio,
-                self.noise_ratio_limit,
+                self.noise_ratio_limit, restarts,
             )
             self._health_state = checks
             self._health.report(checks.flags.tolist(), checks.values.tolist())
@@ -561,7 +573,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
             self._report_health()  # the end of the run: its last check
 
-            self._last_state = ChainState(state, self._generator.get_state(), self._chain_warmup)
+            self._last_state = ChainState(state, self._generator.get_state(), self._num_warmup_steps)
         self._initial_params = None
         self._release()
 
@@ -573,7 +585,6 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._logging = None
         self._initial_deterministic = {}
         self._warmup_steps = 0
-        self._chain_warmup = 0
         self._draws = 0
 
     @staticmethod
@@ -681,6 +692,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._generator.set_state(resume.generator_state)
         self._num_diverging = int(state.num_diverging)
         self._state = state
+        # the frozen-chain check compares with the continued chain's own position and step
+        anchor = health.init(self._flat)
+        self._health_state = anchor._replace(anchor_step=torch.full_like(anchor.anchor_step, float(state.i)))
 
 
 SGMCMCKernel.state_type = SGMCMCState

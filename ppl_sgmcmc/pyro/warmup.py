@@ -9,6 +9,8 @@ The Pyro twin of :mod:`ppl_sgmcmc.numpyro.warmup` (same constants, same semantic
 * :func:`hessian`: the means of the minibatch Hessians and gradients over the target's :meth:`epoch`
   batches, each Hessian by a double backward pass through the model run eagerly (``torch.autograd.grad``
   with ``create_graph``, then one batched backward pass for all ``d`` columns).
+* :func:`line_search`: the best fraction of the Newton step from the optimiser's end point, on the Hessian's
+  minibatches.
 * :func:`probe`: :data:`~ppl_sgmcmc.numpyro.warmup.PROBE_BATCHES` minibatch gradients at one point,
   stacked.
 """
@@ -19,10 +21,11 @@ from typing import Any
 
 import torch
 
+from ppl_sgmcmc.adaptation import NEWTON_FRACTIONS
 from ppl_sgmcmc.numpyro.warmup import FIND_MODE_FINAL_RATE, FIND_MODE_RATE, PROBE_BATCHES, hessian_rows
 from ppl_sgmcmc.rules import StochasticGradient
 
-__all__ = ["PROBE_BATCHES", "find_mode", "hessian", "hessian_rows", "probe"]
+__all__ = ["PROBE_BATCHES", "find_mode", "hessian", "hessian_rows", "line_search", "probe"]
 
 
 def find_mode(target: Any, flat: torch.Tensor, generator: torch.Generator, steps: int, score_kind: Any) -> torch.Tensor:
@@ -93,6 +96,18 @@ def hessian(target: Any, flat: torch.Tensor, batches: list[Any]) -> tuple[torch.
         if rows is not None:
             total += rows.detach()
     return total / len(batches), total_grad / len(batches)
+
+
+def line_search(target: Any, flat: torch.Tensor, batches: list[Any], step: torch.Tensor, score_kind: Any) -> torch.Tensor:
+    """The best of ``flat - t step`` for ``t`` in :data:`~ppl_sgmcmc.adaptation.NEWTON_FRACTIONS` and ``t = 0``:
+    the lowest mean minibatch energy over ``batches`` (see :func:`ppl_sgmcmc.numpyro.warmup.line_search`)."""
+    best, best_energy = flat, float("inf")
+    for t in (0.0, *NEWTON_FRACTIONS):
+        candidate = flat - t * step
+        energy = sum(float(target.gradient(candidate, batch, score_kind).energy) for batch in batches)
+        if energy < best_energy:  # NaN never is
+            best, best_energy = candidate, energy
+    return best
 
 
 def probe(target: Any, flat: torch.Tensor, batches: list[Any], score_kind: Any) -> StochasticGradient:

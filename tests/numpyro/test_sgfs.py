@@ -264,8 +264,7 @@ def test_resume_continues_the_fisher_average():
         (dict(alpha=0.0, B=np.array([1.0, -1.0])), "positive entries"),
         (dict(alpha=0.0, B=np.eye(3), fisher="diagonal"), "needs a diagonal `B`"),
         (dict(alpha=-1.0), "`alpha` must be a finite non-negative number"),
-        (dict(), "exactly one of `step_size`"),
-        (dict(alpha=1.0, step_size=0.1), "exactly one of `step_size`"),
+        (dict(alpha=1.0, step_size=0.1), "give one of `step_size` .* not both"),
         (dict(step_size=-0.1), "`step_size` must be a finite positive number"),
         (dict(alpha=1.0, temperature=2.0), "`temperature` must be 1"),
         (dict(alpha=1.0, ridge=-1.0), "`ridge`"),
@@ -284,6 +283,13 @@ def test_needs_a_model():
 
 def test_step_size_infinity_is_alpha_zero():
     assert SGFS(logistic, step_size=math.inf).step_size_at(0) == math.inf
+
+
+def test_defaults_are_alpha_zero_from_an_approximate_mode():
+    kernel = SGFS(logistic)
+    assert kernel.step_size_at(0) == math.inf and kernel.find_mode_steps > 0
+    assert SGFS(logistic, find_mode=False).find_mode_steps == 0
+    assert SGFS(logistic, alpha=1.0).find_mode_steps == 0  # a given step: the init strategy's start
 
 
 def _init(kernel, model_args):
