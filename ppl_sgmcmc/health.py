@@ -104,8 +104,9 @@ def passed_power_of_two(before: Any, after: Any) -> Any:
 class HealthState(NamedTuple):
     """What a chain's checks found so far: ``flags`` (booleans for :data:`KINDS`, each set once a check
     fails), ``values`` (the values behind them when the first check failed: step size, steps, rejected
-    steps, largest magnitude, noise ratio, warm-up restarts, steps since the previous check), and ``anchor``/``anchor_step``, the position
-    at the previous check and its step (to see a frozen chain). The NumPyro kernels keep it in their state,
+    steps, largest magnitude, noise ratio, warm-up restarts, steps since the previous check), and
+    ``anchor``/``anchor_step``, the position at the previous check and its step (to see a frozen chain). The
+    NumPyro kernels keep it in their state,
     so that a compiled run needs no host callback (which would slow every call of a compiled step); the
     host reports it (:class:`Reporter`)."""
 
