@@ -336,7 +336,6 @@ def np_normal_mean(y):
         ("SGFS", dict(alpha=0.0, B=np.array([1.0, -1.0]))),
         ("SGFS", dict(alpha=0.0, B=np.eye(3), fisher="diagonal")),
         ("SGFS", dict(alpha=-1.0)),
-        ("SGFS", dict()),
         ("SGFS", dict(alpha=1.0, step_size=0.1)),
         ("SGFS", dict(step_size=-0.1)),
         ("SGFS", dict(alpha=1.0, temperature=2.0)),
