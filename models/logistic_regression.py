@@ -8,7 +8,7 @@ Run ``python -m models.logistic_regression --help`` for the options. The default
 chains of mSGNHT-S with no step size given, so the warm-up finds an approximate mode, builds a dense Laplace
 preconditioner there (a9a's one-hot feature groups leave directions that only the prior identifies, sd ~3,
 next to directions with sd ~0.01) and tunes the step size from the gradient noise it measures; 20 000
-warm-up and 200 000 kept steps per chain, thinned by 100 inside the kernel. The run prints the tuned step
+warm-up and 600 000 kept steps per chain, thinned by 300 inside the kernel. The run prints the tuned step
 sizes and noise ratios, the test accuracy next to the one Li et al. report (:data:`PAPER_ACCURACY`), an
 ArviZ summary and PSIS-LOO, and writes the InferenceData (netCDF) and a trace plot (PNG).
 ``benchmarks/a9a_vs_nuts.py`` compares these defaults with full-data NUTS.
@@ -72,8 +72,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="a diagonal preconditioner instead of the dense one")
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--num-warmup", type=int, default=20_000, help="warm-up steps")
-    parser.add_argument("--num-samples", type=int, default=200_000, help="steps after the warm-up")
-    parser.add_argument("--thinning", type=int, default=100,
+    parser.add_argument("--num-samples", type=int, default=600_000, help="steps after the warm-up")
+    parser.add_argument("--thinning", type=int, default=300,
                         help="keep every k-th step (the kernel's steps_per_sample); --num-warmup and "
                              "--num-samples count steps and are rounded down to multiples of k")
     parser.add_argument("--num-chains", type=int, default=4)

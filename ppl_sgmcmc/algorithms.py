@@ -494,6 +494,10 @@ class Algorithm:
     def _check_dimension(self, target: Any, dim: int) -> None:
         """Check the options against the number ``dim`` of flattened latents."""
 
+    def _check_scores(self, per_example: Any, sites: list[str]) -> None:
+        """Check the per-datum scores of one minibatch at the chain's start (``n×d``; the site of each flat
+        coordinate in ``sites``), for rules that read them (``NEEDS = "per_example"``)."""
+
     def progress(self, state: Any) -> dict[str, Any]:
         """The progress line's items at ``state`` (read from the device): the minibatch energy ``Ũ_t``,
         the step size, the number of rejected steps, and the algorithm's own.
@@ -1233,6 +1237,22 @@ class SGFS(Algorithm):
     def _check_target(self, target: Any) -> None:
         super()._check_target(target)
         self._data_size = target.data_size
+
+    def _check_scores(self, per_example: Any, sites: list[str]) -> None:
+        """With ``B="fisher"``, every latent must enter the likelihood: a coordinate whose per-datum scores are
+        all zero has no Fisher information, and the preconditioner ``(γ N Î + 4B/ε)⁻¹`` is singular along it
+        (the chain freezes or takes huge steps there). A latent that enters only through the prior (a
+        hierarchical model's group mean and scale) gets a clear error instead."""
+        if not (isinstance(self._options["B"], str) and self._options["B"] == "fisher"):
+            return
+        silent = np.flatnonzero(~np.any(np.asarray(per_example) != 0, axis=0))
+        if silent.size:
+            names = sorted({sites[k] for k in silent})
+            raise ValueError(
+                f"{self.name}: the latent site(s) {', '.join(map(repr, names))} do not enter the likelihood (their "
+                "per-datum scores are zero), so SGFS's Fisher estimate, which ignores the prior, is singular along "
+                "them. Use another kernel (SGNHT, SGLD), or give a positive definite `B` and a finite `step_size`."
+            )
 
     def _check_dimension(self, target: Any, dim: int) -> None:
         options = self._options

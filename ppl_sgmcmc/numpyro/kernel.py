@@ -368,8 +368,16 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             init_params = self._target.initial_params(
                 key_init, self._init_strategy or init_to_uniform, model_args, model_kwargs
             )
-        flat, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params)
+        start = jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params
+        flat, self._unravel = ravel_pytree(start)
         self._check_dimension(self._target, flat.shape[0])
+        if self.rule.NEEDS == "per_example":  # one eager minibatch near the start (SGFS's Fisher)
+            key = key_init if not vectorized else key_init[0]
+            batch, _ = self._target.draw(key, self._target.init_batch(key))
+            near = flat + 0.01 * random.normal(random.fold_in(key, 2), flat.shape, flat.dtype)  # not a special point
+            with model_errors(name, "computing the per-datum scores"):
+                rows = self._target.gradient(near, self._unravel, batch, model_args, model_kwargs).per_example
+            self._check_scores(rows, [name for name in sorted(start) for _ in range(jnp.size(start[name]))])
         # the data arrays are arguments of the compiled function, not constants baked into it (large N);
         # other leaves (a `batch_size` used as `subsample_size`) stay static
         data, merge = _split_arrays((model_args, model_kwargs))

@@ -315,6 +315,14 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._initial_params = {k: torch.as_tensor(v) for k, v in self._initial_params.items()}
             target.set_layout(self._initial_params)
         self._check_dimension(target, target.layout.size)
+        if self.rule.NEEDS == "per_example":  # one minibatch near the start (SGFS's Fisher)
+            flat = target.layout.ravel(self._initial_params).to(torch.get_default_dtype())
+            generator = torch.Generator().manual_seed(0)
+            batch, _ = target.draw(generator, target.init_batch(generator))
+            near = flat + 0.01 * torch.randn(flat.shape, generator=generator, dtype=flat.dtype)  # not a special point
+            rows = target.gradient(near, batch, "per_example").per_example
+            layout = target.layout
+            self._check_scores(rows.detach(), [name for name in layout.names for _ in range(layout.shapes[name].numel())])
         self._target = target
         self.transforms = target.transforms
         self._initial_deterministic = target.check_full_data(target.layout.ravel(self._initial_params))

@@ -337,3 +337,20 @@ def test_small_minibatch_warns():
 def test_gibbs_sites_are_not_supported():
     with pytest.raises(NotImplementedError, match="local Gibbs sites"):
         SGFS(logistic, alpha=0.0, gibbs_sites=["z"], gibbs_fn=lambda *args: None)
+
+
+def hierarchical(y):
+    """``mu`` and ``tau`` enter only through the prior of ``beta``: no Fisher information on them."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+    beta = numpyro.sample("beta", dist.Normal(mu, tau).expand([2]).to_event(1))
+    with numpyro.plate("data", y.shape[0], subsample_size=10):
+        numpyro.sample("y", dist.Normal(beta[0] + beta[1], 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_latents_outside_the_likelihood_are_refused():
+    y = jnp.asarray(np.random.default_rng(0).normal(size=50), jnp.float32)
+    with pytest.raises(ValueError, match="site\\(s\\) 'mu', 'tau' do not enter the likelihood"):
+        SGFS(hierarchical).init(jax.random.PRNGKey(0), 0, model_args=(y,))
+    # with a fixed B and a finite step the preconditioner is defined: accepted
+    SGFS(hierarchical, step_size=1e-3, B="identity").init(jax.random.PRNGKey(0), 0, model_args=(y,))

@@ -436,3 +436,19 @@ def test_sgrld_moves_positive_latents_in_their_own_space():
     mcmc.run(torch.full((200,), 3.0))
     assert kernel.transforms == {}
     assert float(mcmc.get_samples()["rate"][-1]) == float(last["rate"]) > 0
+
+
+def pyro_hierarchical(y):
+    """``mu`` and ``tau`` enter only through the prior of ``beta`` (the NumPyro twin is in test_sgfs.py)."""
+    mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = pyro.sample("tau", dist.HalfNormal(1.0))
+    beta = pyro.sample("beta", dist.Normal(mu, tau).expand([2]).to_event(1))
+    with pyro.plate("data", y.shape[0], subsample_size=10):
+        pyro.sample("y", dist.Normal(beta[0] + beta[1], 1.0), obs=pyro.subsample(y, event_dim=0))
+
+
+def test_sgfs_refuses_latents_outside_the_likelihood():
+    y = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    kernel = SGFS(pyro_hierarchical)
+    with pytest.raises(ValueError, match="site\\(s\\) 'mu', 'tau' do not enter the likelihood"):
+        kernel.setup(0, y)
