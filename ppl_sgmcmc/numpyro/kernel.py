@@ -141,7 +141,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     Each call of :meth:`sample` draws a fresh minibatch for every subsampled plate of the model and
     applies the algorithm's update rule once per step, with one stochastic gradient ``∇Ũ_t``. Warm-up
-    steps are burn-in: they are discarded and nothing adapts (a schedule runs on through them).
+    draws are discarded; without a given ``step_size`` the warm-up adapts the step size and the
+    preconditioner (:mod:`ppl_sgmcmc.adaptation`), otherwise it is burn-in (a schedule runs on through it).
     The arguments are those of :class:`~ppl_sgmcmc.algorithms.Algorithm` (``init_strategy`` defaults
     to NumPyro's ``init_to_uniform``); ``potential_fn(z, rng_key)`` receives a JAX key, and
     ``gibbs_fn(rng_key, gibbs_sites, hmc_sites, subsample_indices)`` too (see

@@ -266,7 +266,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         find initial values (unless ``initial_params`` were set), check the full-data view, and seed the
         chain's generator from Pyro's global RNG. ``warmup_steps`` draws are burn-in.
 
-        :param warmup_steps: the number of warm-up draws (burn-in; nothing adapts).
+        :param warmup_steps: the number of warm-up draws (discarded; they adapt the step size and the
+            preconditioner when ``step_size`` was not given).
         :param args: the model's positional arguments (the data); NumPy arrays become tensors.
         :param kwargs: the model's keyword arguments.
 
