@@ -96,12 +96,25 @@ def mass_options(adapt_mass_matrix, dense_mass, tuned, can_adapt, reason, kernel
     return adapt_mass_matrix, dense_mass
 
 
-def find_mode(value, tuned, default_steps, kernel):
-    """The optimiser steps of ``find_mode``: ``None`` is ``default_steps`` when the step size is ``tuned`` and 0
-    otherwise, ``True``/``False`` are ``default_steps``/0, an integer is a number of steps."""
+def estimator(value, names, estimator_type, kernel):
+    """A gradient estimator: one of ``names`` (``{name: factory}``) or an estimator object."""
+    if isinstance(value, estimator_type):
+        return value
+    if isinstance(value, str) and value in names:
+        return names[value]()
+    raise ValueError(
+        f"{kernel}: unknown gradient {value!r}; give one of {', '.join(map(repr, names))} or an estimator of "
+        "ppl_sgmcmc.gradients (e.g. control_variates(centre=...), svrg(epoch_length=...))."
+    )
+
+
+def find_mode(value, by_default, default_steps, kernel):
+    """The optimiser steps of ``find_mode``: ``None`` is ``default_steps`` when ``by_default`` (a tuned step
+    size, a control-variate centre) and 0 otherwise, ``True``/``False`` are ``default_steps``/0, an integer is a
+    number of steps."""
     value = _number(value)
     if value is None:
-        return default_steps if tuned else 0
+        return default_steps if by_default else 0
     if isinstance(value, (bool, np.bool_)):
         return default_steps if value else 0
     if not isinstance(value, Integral) or value < 0:

@@ -147,6 +147,12 @@ class Algorithm:
     :param target_noise_ratio: the noise ratio (:mod:`ppl_sgmcmc.noise`) the tuned step size aims at; the
         default is the algorithm's (:attr:`default_noise_ratio`). Smaller values mean less bias and slower
         mixing.
+    :param gradient: the gradient estimator (:mod:`ppl_sgmcmc.gradients`): ``"minibatch"`` (default),
+        ``"control_variates"`` (around the chain's start, which ``find_mode`` then puts at an approximate mode),
+        ``"svrg"`` (the centre moved every epoch), or an estimator such as
+        ``ppl_sgmcmc.gradients.control_variates(centre=...)`` or ``svrg(epoch_length=...)``. The variance-reduced
+        estimators need a model with subsampled plates and cost two minibatch gradients per step and a
+        full-data gradient per centre; the noise they remove lets the tuned step size grow.
 
     A subclass names its ``rule`` and validates its own arguments into ``self._options`` (the rule's
     keyword arguments); ``schedulable`` lists the options that may be schedules of the step index.
@@ -192,6 +198,7 @@ class Algorithm:
         adapt_mass_matrix: bool | None = None,
         dense_mass: bool = False,
         target_noise_ratio: float | None = None,
+        gradient: str | gradients.GradientEstimator = "minibatch",
     ) -> None:
         name = self.name
         if (model is None) == (potential_fn is None):
@@ -215,7 +222,21 @@ class Algorithm:
         self._adapt_mass, self._dense_mass = _checks.mass_options(
             adapt_mass_matrix, dense_mass, self._tune, self.can_adapt_mass, self.can_adapt_mass_reason, name
         )
-        self._find_mode_steps = _checks.find_mode(find_mode, self._tune, FIND_MODE_STEPS, name)
+        self._estimator = _checks.estimator(gradient, gradients.ESTIMATORS, gradients.GradientEstimator, name)
+        if self._estimator.needs_full_gradient and potential_fn is not None:
+            raise ValueError(
+                f"{name}: gradient={self._estimator.name!r} needs the full-data gradient at its centre, which a "
+                "`potential_fn` does not give; declare a model with a subsampled plate, or use gradient='minibatch'."
+            )
+        if self._estimator.needs_full_gradient and self._gibbs is not None:
+            raise ValueError(
+                f"{name}: gradient={self._estimator.name!r} compares the minibatch gradients at the chain and at a "
+                "centre, but with local Gibbs sites each gradient averages over its own sweeps; use "
+                "gradient='minibatch' with gibbs_sites."
+            )
+        # a centre-based estimator's default centre is the chain's start: at an approximate mode
+        wants_mode = self._tune or (self._estimator.needs_full_gradient and self._estimator.refresh_every is None)
+        self._find_mode_steps = _checks.find_mode(find_mode, wants_mode, FIND_MODE_STEPS, name)
         self._target_noise_ratio = (
             self.default_noise_ratio if target_noise_ratio is None
             else _checks.positive("target_noise_ratio", target_noise_ratio, name)
@@ -229,7 +250,6 @@ class Algorithm:
         self._num_warmup_steps = 0
         self._kwargs_cache: dict[Any, tuple[dict[str, Any], tuple[str, ...], bool]] = {}  # see `_rule_kwargs`
         self._start_warning: str | None = None  # said when a new chain starts (see `_set_warmup`)
-        self._estimator = gradients.minibatch()
 
     @property
     def name(self) -> str:
@@ -490,9 +510,33 @@ class Algorithm:
         self._kwargs_cache = {}
         if self.rule.NEEDS == "per_example":
             target.enable_per_example_scores()
+        if self._estimator.needs_full_gradient and not target.plate_sizes:
+            raise ValueError(
+                f"{self.name}: gradient={self._estimator.name!r} reduces the minibatch noise of a model's subsampled "
+                "plates, but this model has none (every step already uses all the data); use gradient='minibatch'."
+            )
 
     def _check_dimension(self, target: Any, dim: int) -> None:
-        """Check the options against the number ``dim`` of flattened latents."""
+        """Check the options against the number ``dim`` of flattened latents (and, with ``gradient``'s centre,
+        its shape)."""
+        centre = self._estimator.centre
+        if centre is not None and tuple(getattr(centre, "shape", ())) != (dim,):
+            raise ValueError(
+                f"{self.name}: the control variates' `centre` has shape {tuple(getattr(centre, 'shape', ()))}, but the "
+                f"model has {dim} unconstrained latent coordinates: give a flat array of {dim} (the latents in "
+                "sorted site order, unconstrained, as jax.flatten_util.ravel_pytree lays them out)."
+            )
+
+    def _epoch_length(self, target: Any) -> int | None:
+        """Steps between the centres of a refreshing gradient estimator (SVRG): its ``refresh_every``, or one
+        epoch ``N/n`` of the largest subsampled plate; ``None`` for an estimator that does not refresh."""
+        every = self._estimator.refresh_every
+        if every is None:
+            return None
+        if every:
+            return every
+        size, n = max(target.plate_sizes.values())
+        return max(1, size // n)
 
     def _check_scores(self, per_example: Any, sites: list[str]) -> None:
         """Check the per-datum scores of one minibatch at the chain's start (``n×d``; the site of each flat
@@ -1180,6 +1224,11 @@ class SGFS(Algorithm):
             step_size = sgfs_rule.alpha_to_step_size(_checks.non_negative("alpha", alpha, name))
         if kwargs.get("temperature", 1.0) != 1.0:
             raise ValueError(f"{name}: `temperature` must be 1; SGFS (Algorithm 1) has no temperature.")
+        if kwargs.get("gradient", "minibatch") != "minibatch":
+            raise ValueError(
+                f"{name}: SGFS takes its diffusion from the minibatch gradient's noise (and its Fisher estimate from "
+                "the per-datum scores), which a variance-reduced estimator removes; use gradient='minibatch'."
+            )
         if kwargs.get("gibbs_sites"):
             raise NotImplementedError(
                 f"{name}: SGFS with local Gibbs sites is not supported (per-datum scores would have to average "
@@ -1255,6 +1304,7 @@ class SGFS(Algorithm):
             )
 
     def _check_dimension(self, target: Any, dim: int) -> None:
+        super()._check_dimension(target, dim)
         options = self._options
         try:
             sgfs_rule.check(dim, options["fisher"], options["B"], options["max_full_dim"])

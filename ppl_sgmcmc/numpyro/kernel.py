@@ -372,6 +372,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         start = jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params
         flat, self._unravel = ravel_pytree(start)
         self._check_dimension(self._target, flat.shape[0])
+        self._epoch_steps = None if self._model is None else self._epoch_length(self._target)
         if self.rule.NEEDS == "per_example":  # one eager minibatch near the start (SGFS's Fisher)
             key = key_init if not vectorized else key_init[0]
             batch, _ = self._target.draw(key, self._target.init_batch(key))
@@ -539,7 +540,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             diverging=jnp.zeros((), bool),
             num_diverging=jnp.zeros((), jnp.int32),
             batch_state=batch_state,
-            gradient_state=self._estimator.init(flat),
+            gradient_state=self._estimator.init(flat, self._full_gradient_fn(model_args, model_kwargs)),
             finite_position=flat,
             adapt_state=adapt_state,
             noise=noise.init(flat),
@@ -560,14 +561,30 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         state, diverging = lax.fori_loop(0, self._steps_per_sample, body, (state, jnp.zeros((), bool)))
         return state._replace(diverging=diverging)
 
+    def _full_gradient_fn(self, model_args, model_kwargs):
+        """``x -> StochasticGradient`` of the full-data potential, for an estimator that needs it (else ``None``)."""
+        if not self._estimator.needs_full_gradient:
+            return None
+        return lambda x: self._target.full_gradient(x, self._unravel, model_args, model_kwargs)
+
     def _step(self, state, model_args, model_kwargs):
         """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite,
         measure the gradient noise and, during the warm-up, adapt."""
         rng_key, key_draw, key_noise = random.split(state.rng_key, 3)
         batch, batch_state = self._target.draw(key_draw, state.batch_state)
         flat, _ = ravel_pytree(state.z)
+        gradient_state = state.gradient_state
+        if self._epoch_steps is not None:  # a new centre every epoch (SVRG), all chains at once
+            data, merge = _split_arrays((model_args, model_kwargs))
+
+            def recentre(gradient_state, args):
+                x, data = args
+                return self._estimator.init(x, self._full_gradient_fn(*merge(data)))
+
+            due = (state.i > 0) & (state.i % self._epoch_steps == 0)
+            gradient_state = warmup.when(due, recentre, gradient_state, (flat, data))
         grad_fn, gradient_state = self._estimator.estimate(
-            state.gradient_state,
+            gradient_state,
             flat,
             lambda x: self._target.gradient(x, self._unravel, batch, model_args, model_kwargs),
             state.i,
@@ -616,7 +633,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             diverging=~finite,
             num_diverging=state.num_diverging + (~finite).astype(jnp.int32),
             batch_state=batch_state,
-            gradient_state=jax.tree.map(keep, gradient_state, state.gradient_state),
+            gradient_state=jax.tree.map(keep, gradient_state, state.gradient_state) if self._epoch_steps is None
+            else gradient_state,  # a new centre stays, whatever the step did
             finite_position=finite_position,
             adapt_state=adapt_state,
             noise=noise_state,

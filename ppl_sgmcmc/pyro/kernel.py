@@ -316,6 +316,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._initial_params = {k: torch.as_tensor(v) for k, v in self._initial_params.items()}
             target.set_layout(self._initial_params)
         self._check_dimension(target, target.layout.size)
+        self._epoch_steps = None if self._model is None else self._epoch_length(target)
         if self.rule.NEEDS == "per_example":  # one minibatch near the start (SGFS's Fisher)
             flat = target.layout.ravel(self._initial_params).to(torch.get_default_dtype())
             generator = torch.Generator().manual_seed(0)
@@ -397,8 +398,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         measure the gradient noise and, during the warm-up, adapt. Returns whether the step was rejected."""
         state, flat = self._state, self._flat
         batch, batch_state = self._target.draw(self._generator, state.batch_state)
+        gradient_state = state.gradient_state
+        if self._epoch_steps is not None and state.i > 0 and state.i % self._epoch_steps == 0:  # a new centre (SVRG)
+            gradient_state = self._estimator.init(flat, self._target.full_gradient)
         grad_fn, gradient_state = self._estimator.estimate(
-            state.gradient_state, flat, lambda x: self._target.gradient(x, batch, self._score_kind), state.i
+            gradient_state, flat, lambda x: self._target.gradient(x, batch, self._score_kind), state.i
         )
         step_size = float(self.step_size_in(state.adapt_state, state.i))
         noise_draw = self._normal(flat)
@@ -426,7 +430,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         else:
             self._flat = flat
             rule_state, energy, diverging = state.rule_state, state.potential_energy, True
-            gradient_state = state.gradient_state
+            if self._epoch_steps is None:  # a new centre (SVRG) stays, whatever the step did
+                gradient_state = state.gradient_state
             if has_momentum(rule_state):  # redraw the momentum that made the step diverge
                 rule_state = refresh_momentum(rule_state, self._normal(flat), self.temperature_at(state.i))
             self._num_diverging += 1
@@ -489,7 +494,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             diverging=False,
             num_diverging=0,
             batch_state=self._target.init_batch(self._generator),
-            gradient_state=self._estimator.init(flat),
+            gradient_state=self._estimator.init(flat, target.full_gradient if self._estimator.needs_full_gradient else None),
             adapt_state=adapt_state,
             noise=noise.init(flat),
             noise_ratio=float("nan"),

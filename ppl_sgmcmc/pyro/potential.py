@@ -569,6 +569,19 @@ class ModelTarget:
                 return energy.detach(), grad, -grad_data / self.data_size
             return energy.detach(), _grad(energy, x), None
 
+    def full_gradient(self, flat):
+        """``U``, ``∇U`` and the mean per-datum score at ``flat`` on the *full* data (the full-data view: every
+        subsampled plate on all its rows, scale 1), in one pass run eagerly: what variance-reduced gradient
+        estimators need at their centre (:mod:`ppl_sgmcmc.gradients`)."""
+        with torch.enable_grad():
+            x = flat.detach().requires_grad_()
+            density = self._run(x, {}, self.model_args, self.model_kwargs, full=True)
+            prior = -(_total(density.prior, x) + density.log_det)
+            data = -_total(density.data, x)
+            grad_data = _grad(data, x, retain_graph=True)
+            grad = _grad(prior, x) + grad_data
+        return StochasticGradient((prior + data).detach(), grad, -grad_data / self.data_size)
+
     def _eager_gradient(self, flat, batch, with_score):
         return StochasticGradient(*self._value_and_grad(flat, batch, self.model_args, self.model_kwargs, with_score))
 

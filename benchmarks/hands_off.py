@@ -1,0 +1,523 @@
+"""The hands-off table: every kernel with its defaults (no step size) against the best of a grid of hand-set
+step sizes, on five posteriors with a reference.
+
+Each kernel (SGLD, SGHMC, SGNHT, PSGLD, SGFS, CSGLD of ``ppl_sgmcmc.numpyro``) runs as ``Kernel(model,
+steps_per_sample=k)``: the warm-up finds an approximate mode, builds a Laplace preconditioner (diagonal, the
+default) and tunes the step size from the measured gradient noise; SGFS's default is α = 0 from an approximate
+mode. 4 chains, ``chain_method="vectorized"``, minibatches drawn with replacement. The targets (:func:`targets`):
+
+1. **linreg**: conjugate linear regression, N = 5000, d = 6 features with correlation 0.7^|j-k|, noise sd 1,
+   prior N(0, 1), minibatch 100; the exact Gaussian posterior is the reference.
+2. **ill-conditioned**: linear regression whose exact posterior covariance has condition number 1e4:
+   ``X = Z diag(s) Qᵀ`` with ``ZᵀZ = N I`` (orthonormalised Gaussian columns) and a random rotation ``Q``, so
+   that the posterior precision is ``Q diag(N s² + 1) Qᵀ``, with eigenvalues log-spaced from 50 to 5e5 (d = 6,
+   N = 5000, minibatch 100; posterior sds 0.0014-0.14 along rotated, hence correlated, directions).
+3. **a9a**: ``models.logistic_regression.model`` (minibatch 100) against the cached NUTS summaries of
+   ``benchmarks/a9a_vs_nuts.py``, compared on the 16 281 test rows' predictive probabilities. The default rows
+   use ``dense_mass=True`` as the main job does; the library's default diagonal mass is its own row.
+4. **hierarchical**: 8 groups of 500 rows, ``y ~ N(x β_g, σ)``, ``β_g ~ N(μ, τ)``, ``μ ~ N(0, 5)``,
+   ``τ ~ HalfNormal(1)``, ``σ ~ HalfNormal(5)``, minibatch 100, against NUTS (4 × 2000 draws), on μ, τ, σ, β.
+5. **MLP**: regression of ``sin(x) + N(0, 0.3²)`` on 2000 points ``x ~ U(-3, 3)`` with one hidden layer of 20
+   tanh units, N(0, 1) priors, minibatch 100, against NUTS (4 × 1000 draws) in function space: the predictions
+   at 50 test inputs ``linspace(-4, 4, 50)``.
+
+The data and the NUTS references of targets 4 and 5 are those of the prototypes the issue's reference draws
+came from (``--hier-reference``, ``--mlp-reference``: ``hier_nuts.npz`` with the draws of each site flattened
+over 4 chains in order, ``mlp_nuts.npz`` with ``f``, the NUTS draws' predictions, shape (4000, 50)).
+
+**Per cell** (a kernel on a target): the error of each compared quantity's mean in reference sds,
+``|mean - ref mean| / ref sd`` (median and max over the coordinates, test rows or test inputs), the sd ratio
+to the reference (median, min, max), the kernel Stein discrepancy ``ppl_sgmcmc.diagnostics.ksd`` (500 draws,
+300 on a9a; in one set of coordinates per target: the reference covariance where there is one, else the first
+run's adapted preconditioner), the wall clock (``MCMC.run`` with compilation, mode finding and warm-up), the
+step sizes the warm-up chose (per chain) and the noise ratio over the kept draws (median, 90th percentile). A
+cell **passes** when every mean is within 0.2 reference sd and every sd ratio within [0.8, 1.25]; its
+``score`` is ``max(max error / 0.2, max |log sd ratio| / log 1.25)``, at most 1 for a pass.
+
+**Hand-tuned.** For each kernel and target, 5 fixed step sizes ``h_c 10^{k/2}``, ``k = -2..2``, with no
+adaptation and no mode finding (``Kernel(model, step_size=h)``: what a user had before; the warm-up is
+burn-in from the init strategy's point), the same run lengths; the best by ``score`` is reported (an oracle
+choice: it uses the reference). The centre ``h_c`` is where a fixed step in the model's own coordinates meets the
+algorithm's target noise ratio (0.1; SGNHT 1.0), capped by its stability limit, from the full-data Hessian ``H``
+and the minibatch gradient's variance ``V`` (256 minibatches) at the last draw of the first default run's first
+chain: ``min(2 r / max V, 1/λ_max(H))`` for SGLD and CSGLD, ``min(2 r / max V, 1/sqrt(λ_max(H)))`` for SGHMC
+(friction 1) and SGNHT (D = 1), and for pSGLD the same with its RMSprop preconditioner ``G`` at that point
+(``min(2 r / max GV, 1/λ_max(G^½ H G^½))``). SGFS's grid is ``α ∈ {0, 1, 3, 10, 30}`` (``B`` = its Fisher: the
+step is ``1/(1 + α²)`` of α = 0's).
+
+**Reference vs itself.** For scale, each table starts with the reference against itself: for the linear
+regressions, 8000 independent exact draws; for NUTS, one half of its chains against the other.
+
+Usage (from the repository root)::
+
+    .venv/bin/python -m benchmarks.hands_off                     # the whole table, ~45 min on 2 cores
+    .venv/bin/python -m benchmarks.hands_off --quick             # 1/10 of the steps, 3-point grids, ~10 min
+    .venv/bin/python -m benchmarks.hands_off --targets linreg mlp --kernels SGLD SGNHT --no-grid
+
+Writes ``benchmarks/results/hands_off.json`` (``hands_off_quick.json`` with ``--quick``; a run of a subset
+updates the cells it ran) and prints one Markdown table per target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import numpyro  # noqa: E402
+import numpyro.distributions as dist  # noqa: E402
+from jax.flatten_util import ravel_pytree  # noqa: E402
+from numpyro.handlers import seed  # noqa: E402
+from numpyro.infer import MCMC  # noqa: E402
+from numpyro.infer.util import potential_energy  # noqa: E402
+
+from benchmarks.a9a_vs_nuts import NUTS_CACHE, load_reference, machine, predictive_moments  # noqa: E402
+from models.datasets import load_a9a  # noqa: E402
+from models.logistic_regression import model as a9a_model  # noqa: E402
+from ppl_sgmcmc import numpyro as sg  # noqa: E402
+from ppl_sgmcmc.diagnostics import ksd  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+KERNELS = ("SGLD", "SGHMC", "SGNHT", "PSGLD", "SGFS", "CSGLD")
+#: The noise ratio each kernel's tuned step aims at (the library's defaults), for the hand-tuned grid's centre.
+TARGET_RATIO = {"SGLD": 0.1, "SGHMC": 0.1, "SGNHT": 1.0, "PSGLD": 0.1, "CSGLD": 0.1}
+SGFS_ALPHAS = (0.0, 1.0, 3.0, 10.0, 30.0)
+GRID_EXPONENTS = (-1.0, -0.5, 0.0, 0.5, 1.0)  # log10 of h / h_c
+CHAINS, BATCH = 4, 100
+MEAN_BOUND, SD_BOUNDS = 0.2, (0.8, 1.25)
+PSGLD_EPS = 1e-5  # PSGLD's default λ
+
+
+# --- the targets -----------------------------------------------------------------------------------------
+@dataclass
+class Target:
+    """A posterior with a reference: the model (its data plate subsampled to ``batch_size``; ``None``: all
+    rows), its data, the run lengths (steps per chain) and how draws are compared with the reference."""
+
+    name: str
+    model: Callable[..., None]
+    args: tuple
+    num_data: int
+    warmup: int
+    samples: int
+    thin: int
+    #: draws ``{site: (chains, draws, ...)}`` -> the compared quantities' means and sds, ``(K,)`` each
+    moments: Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]]
+    ref_mean: np.ndarray
+    ref_sd: np.ndarray
+    #: the reference against itself: ``(mean, sd, ref mean, ref sd)`` of two independent samples
+    self_check: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    self_label: str
+    ksd_draws: int = 500
+    #: the reference's own draws ``{site: (chains, draws, ...)}`` for its KSD, or ``None``
+    ref_draws: dict[str, np.ndarray] | None = None
+    #: the KSD's coordinates (``Γ`` of ``ksd``), or ``None``: the first run's adapted ones
+    ksd_preconditioner: np.ndarray | None = None
+    ref_seconds: float = math.nan
+    variants: dict[str, dict[str, Any]] = field(default_factory=lambda: {"default": {}})
+
+
+def linreg_model(X: jax.Array, y: jax.Array, batch_size: int | None = BATCH) -> None:
+    """Linear regression with unit noise and a N(0, 1) prior on the weights."""
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=batch_size):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Normal(Xb @ w, 1.0), obs=yb)
+
+
+def _weights_moments(samples: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    w = np.asarray(samples["w"], np.float64).reshape(-1, samples["w"].shape[-1])
+    return w.mean(0), w.std(0, ddof=1)
+
+
+def _linear_target(name: str, X: np.ndarray, rng: np.random.Generator, steps: tuple[int, int, int]) -> Target:
+    """A linear-regression target with its exact posterior (computed in float64 from the float32 data)."""
+    N, d = X.shape
+    X = X.astype(np.float32)
+    y = (X @ rng.normal(size=d) + rng.normal(size=N)).astype(np.float32)
+    X64, y64 = X.astype(np.float64), y.astype(np.float64)
+    cov = np.linalg.inv(X64.T @ X64 + np.eye(d))
+    mean, sd = cov @ X64.T @ y64, np.sqrt(np.diag(cov))
+    exact = rng.multivariate_normal(mean, cov, size=(CHAINS, 2000))
+    iid_mean, iid_sd = _weights_moments({"w": exact})
+    return Target(name, linreg_model, (jnp.asarray(X), jnp.asarray(y)), N, *steps, moments=_weights_moments,
+                  ref_mean=mean, ref_sd=sd, self_check=(iid_mean, iid_sd, mean, sd),
+                  self_label="8000 independent exact draws", ref_draws={"w": exact[:, :125]},
+                  ksd_preconditioner=cov)  # fmt: skip
+
+
+def linreg_target(steps: tuple[int, int, int]) -> Target:
+    rng = np.random.default_rng(1)
+    d, N = 6, 5000
+    corr = 0.7 ** np.abs(np.subtract.outer(np.arange(d), np.arange(d)))
+    X = rng.multivariate_normal(np.zeros(d), corr, size=N)
+    return _linear_target("linreg", X, rng, steps)
+
+
+def ill_conditioned_target(steps: tuple[int, int, int]) -> Target:
+    rng = np.random.default_rng(2)
+    d, N = 6, 5000
+    Z = np.linalg.qr(rng.normal(size=(N, d)))[0] * np.sqrt(N)  # ZᵀZ = N I
+    Q = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    precision = np.geomspace(50.0, 5e5, d)  # eigenvalues of XᵀX + I: condition number 1e4
+    X = Z @ np.diag(np.sqrt((precision - 1.0) / N)) @ Q.T
+    return _linear_target("ill-conditioned", X, rng, steps)
+
+
+def a9a_target(steps: tuple[int, int, int]) -> Target:
+    X, y, X_test, _ = load_a9a()
+    ref = load_reference()
+
+    def moments(samples: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        m = predictive_moments(np.asarray(samples["w"]), X_test)
+        return m["mean"], m["sd"]
+
+    return Target("a9a", a9a_model, (X, y), X.shape[0], *steps, moments=moments,
+                  ref_mean=ref["p_mean"].astype(np.float64), ref_sd=ref["p_sd"].astype(np.float64),
+                  self_check=(ref["p_mean_half"][0], ref["p_sd_half"][0], ref["p_mean_half"][1], ref["p_sd_half"][1]),
+                  self_label=f"NUTS, chains 1-2 against 3-4 ({NUTS_CACHE.name})", ksd_draws=300,
+                  ref_draws={"w": ref["ksd_draws"]}, ksd_preconditioner=ref["w_cov"].astype(np.float64),
+                  ref_seconds=float(ref["seconds"]),
+                  variants={"default, dense_mass=True": {"dense_mass": True}, "default (diagonal mass)": {}})  # fmt: skip
+
+
+HIER_GROUPS, HIER_SITES = 8, ("mu", "tau", "sigma", "beta")
+
+
+def hier_model(x: jax.Array, y: jax.Array, g: jax.Array, batch_size: int | None = BATCH) -> None:
+    """Hierarchical regression: a slope per group, drawn around a common mean with a HalfNormal scale."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(5.0))
+    with numpyro.plate("groups", HIER_GROUPS):
+        beta = numpyro.sample("beta", dist.Normal(mu, tau))
+    with numpyro.plate("data", x.shape[0], subsample_size=batch_size):
+        xb, yb, gb = numpyro.subsample(x, 0), numpyro.subsample(y, 0), numpyro.subsample(g, 0)
+        numpyro.sample("y", dist.Normal(xb * beta[gb], sigma), obs=yb)
+
+
+def _hier_moments(samples: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    draws = np.concatenate([np.asarray(samples[k], np.float64).reshape(-1, 1 if k != "beta" else HIER_GROUPS)
+                            for k in HIER_SITES], axis=1)  # fmt: skip
+    return draws.mean(0), draws.std(0, ddof=1)
+
+
+def hier_target(steps: tuple[int, int, int], reference: Path) -> Target:
+    rng = np.random.default_rng(0)  # the prototype's data
+    per = 500
+    g = np.repeat(np.arange(HIER_GROUPS), per)
+    x = rng.normal(size=HIER_GROUPS * per)
+    beta = 1.0 + 0.7 * rng.normal(size=HIER_GROUPS)
+    y = x * beta[g] + rng.normal(size=x.size) * 2.0
+    with np.load(reference) as data:  # each site's draws, 4 chains one after the other
+        nuts = {k: np.asarray(data[k], np.float64).reshape(CHAINS, -1, *data[k].shape[1:]) for k in data.files}
+    ref_mean, ref_sd = _hier_moments(nuts)
+    half = [_hier_moments({k: v[part] for k, v in nuts.items()}) for part in (slice(0, 2), slice(2, 4))]
+    thinned = {k: v[:, :: v.shape[1] // 125] for k, v in nuts.items()}
+    unconstrained = np.concatenate([nuts["beta"].reshape(-1, HIER_GROUPS), nuts["mu"].reshape(-1, 1),
+                                    np.log(nuts["sigma"]).reshape(-1, 1), np.log(nuts["tau"]).reshape(-1, 1)], axis=1)
+    return Target("hierarchical", hier_model, (jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
+                  jnp.asarray(g)), x.size, *steps, moments=_hier_moments, ref_mean=ref_mean, ref_sd=ref_sd,
+                  self_check=(*half[0], *half[1]), self_label="NUTS, chains 1-2 against 3-4",
+                  ref_draws=thinned, ksd_preconditioner=np.cov(unconstrained, rowvar=False))  # fmt: skip
+
+
+MLP_HIDDEN, MLP_TEST = 20, np.linspace(-4.0, 4.0, 50)[:, None]
+
+
+def mlp_net(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    h = jnp.tanh(x @ p["w1"] + p["b1"])
+    return (h @ p["w2"])[..., 0] + p["b2"]
+
+
+def mlp_model(X: jax.Array, y: jax.Array, batch_size: int | None = BATCH) -> None:
+    """A one-hidden-layer tanh network with N(0, 1) priors and Gaussian noise of sd 0.3."""
+    p = {"w1": numpyro.sample("w1", dist.Normal(0.0, 1.0).expand([1, MLP_HIDDEN]).to_event(2)),
+         "b1": numpyro.sample("b1", dist.Normal(0.0, 1.0).expand([MLP_HIDDEN]).to_event(1)),
+         "w2": numpyro.sample("w2", dist.Normal(0.0, 1.0).expand([MLP_HIDDEN, 1]).to_event(2)),
+         "b2": numpyro.sample("b2", dist.Normal(0.0, 1.0))}  # fmt: skip
+    with numpyro.plate("data", X.shape[0], subsample_size=batch_size):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Normal(mlp_net(p, Xb), 0.3), obs=yb)
+
+
+def _mlp_moments(samples: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    params = {k: jnp.asarray(v).reshape(-1, *v.shape[2:]) for k, v in samples.items()}
+    f = np.asarray(jax.vmap(lambda p: mlp_net(p, jnp.asarray(MLP_TEST, jnp.float32)))(params), np.float64)
+    return f.mean(0), f.std(0, ddof=1)
+
+
+def mlp_target(steps: tuple[int, int, int], reference: Path) -> Target:
+    rng = np.random.default_rng(0)  # the prototype's data
+    N = 2000
+    x = rng.uniform(-3, 3, size=N)
+    y = np.sin(x) + 0.3 * rng.normal(size=N)
+    with np.load(reference) as data:
+        f = np.asarray(data["f"], np.float64)  # (4 chains × 1000 draws, 50), chains one after the other
+    halves = [(part.mean(0), part.std(0, ddof=1)) for part in np.array_split(f, 2)]
+    return Target("MLP", mlp_model, (jnp.asarray(x[:, None], jnp.float32), jnp.asarray(y, jnp.float32)), N, *steps,
+                  moments=_mlp_moments, ref_mean=f.mean(0), ref_sd=f.std(0, ddof=1),
+                  self_check=(*halves[0], *halves[1]), self_label="NUTS, chains 1-2 against 3-4",
+                  ref_seconds=540.0)  # fmt: skip
+
+
+# --- one run ---------------------------------------------------------------------------------------------
+def compare(mean: np.ndarray, sd: np.ndarray, ref_mean: np.ndarray, ref_sd: np.ndarray) -> dict[str, float]:
+    """The cell's error numbers, its score and whether it passes (see the module docstring)."""
+    err = np.abs(mean - ref_mean) / ref_sd
+    ratio = sd / ref_sd
+    score = max(float(err.max()) / MEAN_BOUND, float(np.max(np.abs(np.log(ratio)))) / math.log(SD_BOUNDS[1]))
+    if not np.isfinite(score):
+        score = math.inf
+    return {"mean_err_median": float(np.median(err)), "mean_err_max": float(err.max()),
+            "sd_ratio_median": float(np.median(ratio)), "sd_ratio_min": float(ratio.min()),
+            "sd_ratio_max": float(ratio.max()), "score": score,
+            "pass": bool(err.max() <= MEAN_BOUND and SD_BOUNDS[0] <= ratio.min() and ratio.max() <= SD_BOUNDS[1])}  # fmt: skip
+
+
+def make_kernel(name: str, target: Target, options: dict[str, Any]) -> Any:
+    return getattr(sg, name)(target.model, steps_per_sample=target.thin, **options)
+
+
+def run_cell(name: str, target: Target, options: dict[str, Any], seed_: int = 0) -> tuple[dict[str, Any], MCMC | None]:
+    """One run of kernel ``name`` with ``options``: its numbers (or the error it raised) and the finished MCMC."""
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            kernel = make_kernel(name, target, options)
+            mcmc = MCMC(kernel, num_warmup=target.warmup // target.thin, num_samples=target.samples // target.thin,
+                        num_chains=CHAINS, chain_method="vectorized", progress_bar=False)  # fmt: skip
+            mcmc.run(jax.random.PRNGKey(seed_), *target.args)
+            samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+        except ValueError as err:
+            return {"refused": str(err).split("\n")[0]}, None
+    seconds = time.perf_counter() - start
+    state = mcmc.last_state
+    ratio = np.asarray(mcmc.get_extra_fields()["noise_ratio"], np.float64)
+    finite = np.all([np.all(np.isfinite(v)) for v in samples.values()])
+    out: dict[str, Any] = {"seconds": seconds, "step_size": np.asarray(state.step_size).ravel().tolist(),
+                           "noise_ratio_median": float(np.nanmedian(ratio)) if np.any(np.isfinite(ratio)) else None,
+                           "noise_ratio_p90": float(np.nanpercentile(ratio, 90)) if np.any(np.isfinite(ratio)) else None,
+                           "rejected_steps": int(np.sum(np.asarray(state.num_diverging))),
+                           "warnings": sorted({str(w.message).split("\n")[0][:300] for w in caught
+                                               if issubclass(w.category, RuntimeWarning | UserWarning)})}  # fmt: skip
+    if isinstance(state.adapt_state, tuple) and not state.adapt_state:
+        out["restarts"] = 0
+    else:
+        out["restarts"] = int(np.sum(np.asarray(state.adapt_state.restarts)))
+    if not finite:
+        out.update(score=math.inf, **{"pass": False}, nonfinite=True)
+        return out, mcmc
+    out.update(compare(*target.moments(samples), target.ref_mean, target.ref_sd))
+    return out, mcmc
+
+
+def add_ksd(cell: dict[str, Any], mcmc: MCMC, target: Target) -> None:
+    """The run's KSD in the target's coordinates (those of its first run when it has no reference covariance)."""
+    if cell.get("nonfinite"):
+        cell["ksd"] = None
+        return
+    result = ksd(mcmc, num_draws=target.ksd_draws,
+                 preconditioner="adapted" if target.ksd_preconditioner is None else target.ksd_preconditioner)  # fmt: skip
+    if target.ksd_preconditioner is None:
+        target.ksd_preconditioner = result.preconditioner
+    cell["ksd"] = result.ksd
+
+
+# --- the hand-tuned grid ---------------------------------------------------------------------------------
+def grid_centres(target: Target, z: dict[str, jax.Array]) -> dict[str, float]:
+    """``h_c`` of each kernel (the module docstring) from the full-data Hessian and 256 minibatch gradients of
+    the potential at ``z`` (unconstrained)."""
+    flat, unravel = ravel_pytree(z)
+
+    def energy(x: jax.Array, key: jax.Array, batch: int | None) -> jax.Array:
+        return potential_energy(seed(target.model, key), target.args, {"batch_size": batch}, unravel(x))
+
+    key = jax.random.PRNGKey(0)
+    H = np.asarray(jax.hessian(energy)(flat, key, None), np.float64)
+    grads = np.asarray(jax.vmap(lambda k: jax.grad(energy)(flat, k, BATCH))(jax.random.split(key, 256)), np.float64)
+    V = grads.var(0)
+    lam = float(np.max(np.abs(np.linalg.eigvalsh(H))))
+    G = 1 / (PSGLD_EPS + np.sqrt(np.mean((grads / target.num_data) ** 2, axis=0)))  # RMSprop's 1/(λ + sqrt(E ḡ²))
+    lam_psgld = float(np.max(np.abs(np.linalg.eigvalsh(np.sqrt(np.outer(G, G)) * H))))
+    noise = {name: 2 * TARGET_RATIO[name] / float(V.max()) for name in ("SGLD", "SGHMC", "SGNHT", "CSGLD")}
+    return {"SGLD": min(noise["SGLD"], 1 / lam), "CSGLD": min(noise["CSGLD"], 1 / lam),
+            "SGHMC": min(noise["SGHMC"], 1 / math.sqrt(lam)), "SGNHT": min(noise["SGNHT"], 1 / math.sqrt(lam)),
+            "PSGLD": min(2 * TARGET_RATIO["PSGLD"] / float(np.max(G * V)), 1 / lam_psgld)}  # fmt: skip
+
+
+def grid_options(name: str, centres: dict[str, float], exponents: tuple[float, ...]) -> list[dict[str, Any]]:
+    if name == "SGFS":
+        alphas = SGFS_ALPHAS if len(exponents) == len(SGFS_ALPHAS) else SGFS_ALPHAS[::2]
+        return [{"alpha": a, "find_mode": False} for a in alphas]
+    return [{"step_size": centres[name] * 10**e} for e in exponents]
+
+
+def hand_tuned(name: str, target: Target, centres: dict[str, float], exponents: tuple[float, ...]) -> dict[str, Any]:
+    """The grid's runs and the best one (by score), with its KSD."""
+    runs, best, best_mcmc = [], None, None
+    for options in grid_options(name, centres, exponents):
+        cell, mcmc = run_cell(name, target, options)
+        cell["options"] = options
+        runs.append(cell)
+        print(f"    {name} {options}: {_brief(cell)}", flush=True)
+        if mcmc is not None and (best is None or cell.get("score", math.inf) < best.get("score", math.inf)):
+            best, best_mcmc = cell, mcmc
+    if best is not None and best_mcmc is not None:
+        add_ksd(best, best_mcmc, target)
+        edge = runs.index(best) in (0, len(runs) - 1)
+        best = {**best, "grid_edge": edge}
+    return {"best": best, "grid": runs}
+
+
+# --- the tables ------------------------------------------------------------------------------------------
+def _brief(cell: dict[str, Any]) -> str:
+    if "refused" in cell:
+        return f"refused: {cell['refused'][:120]}"
+    if cell.get("nonfinite"):
+        return f"non-finite draws ({cell['seconds']:.0f} s)"
+    return (f"err {cell['mean_err_median']:.3f}/{cell['mean_err_max']:.3f}, sd ratio {cell['sd_ratio_median']:.3f} "
+            f"[{cell['sd_ratio_min']:.3f}, {cell['sd_ratio_max']:.3f}], score {cell['score']:.2f}, "
+            f"{cell['seconds']:.0f} s")  # fmt: skip
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}g}"
+
+
+def table_row(kernel: str, setting: str, cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return f"| {kernel} | {setting} | no run | | | | | | | |"
+    if "refused" in cell:
+        return f"| {kernel} | {setting} | refused: {cell['refused'][:160]} | | | | | | | |"
+    if cell.get("nonfinite"):
+        return f"| {kernel} | {setting} | non-finite draws | | | {cell['seconds']:.0f} | | | | fail |"
+    steps = cell.get("step_size")
+    steps_text = "—" if steps is None else ", ".join(_fmt(h, 2) for h in steps)
+    ratio = "—" if cell.get("noise_ratio_median") is None else (
+        f"{cell['noise_ratio_median']:.2f} / {cell['noise_ratio_p90']:.2f}")  # fmt: skip
+    seconds = "—" if cell.get("seconds") is None else f"{cell['seconds']:.0f}"
+    verdict = "pass" if cell["pass"] else "**fail**"
+    return (f"| {kernel} | {setting} | {cell['mean_err_median']:.3f} / {cell['mean_err_max']:.3f} | "
+            f"{cell['sd_ratio_median']:.3f} ({cell['sd_ratio_min']:.3f}-{cell['sd_ratio_max']:.3f}) | "
+            f"{_fmt(cell.get('ksd'))} | {seconds} | {steps_text} | {ratio} | {cell['score']:.2f} | {verdict} |")  # fmt: skip
+
+
+def print_table(target: Target, entry: dict[str, Any]) -> None:
+    print(f"\n### {target.name}: {CHAINS} chains × ({target.warmup:,} warm-up + {target.samples:,}) steps, "
+          f"thinned by {target.thin}\n")  # fmt: skip
+    print("| kernel | setting | mean err / ref sd: median / max | sd ratio: median (min-max) | KSD | wall (s) | "
+          "step size(s) | noise ratio: median / p90 | score | pass |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---|---:|---:|---|")
+    ref = entry["reference"]
+    print(table_row("reference", ref["label"], {**ref, "step_size": None, "noise_ratio_median": None}))
+    for kernel, cells in entry["kernels"].items():
+        for variant, cell in cells["default"].items():
+            print(table_row(kernel, variant, cell))
+        best = cells.get("hand_tuned", {}).get("best")
+        if best is not None:
+            options = best["options"]
+            what = f"α = {options['alpha']:g}" if "alpha" in options else f"h = {options['step_size']:.3g}"
+            print(table_row(kernel, f"best of grid: {what}{' (edge)' if best['grid_edge'] else ''}", best))
+
+
+# --- the driver ------------------------------------------------------------------------------------------
+def targets(names: list[str], quick: bool, hier_reference: Path, mlp_reference: Path) -> list[Target]:
+    scale = 10 if quick else 1
+    lengths = {"linreg": (10_000, 50_000, 25), "ill-conditioned": (10_000, 50_000, 25),
+               "a9a": (20_000, 200_000, 100), "hierarchical": (20_000, 200_000, 100), "MLP": (20_000, 200_000, 100)}
+    make: dict[str, Callable[[tuple[int, int, int]], Target]] = {
+        "linreg": linreg_target, "ill-conditioned": ill_conditioned_target, "a9a": a9a_target,
+        "hierarchical": lambda s: hier_target(s, hier_reference), "MLP": lambda s: mlp_target(s, mlp_reference)}  # fmt: skip
+    out = []
+    for name in names:
+        warmup, samples, thin = lengths[name]
+        out.append(make[name]((max(warmup // scale, 200 * thin // 25), samples // scale, thin // (5 if quick else 1))))
+    return out
+
+
+def run_target(target: Target, kernels: list[str], grid: bool, exponents: tuple[float, ...]) -> dict[str, Any]:
+    mean, sd, ref_mean, ref_sd = target.self_check
+    entry: dict[str, Any] = {
+        "settings": {"warmup_steps": target.warmup, "sample_steps": target.samples, "thin": target.thin,
+                     "chains": CHAINS, "batch_size": BATCH},
+        "reference": {"label": target.self_label, "seconds": target.ref_seconds, **compare(mean, sd, ref_mean, ref_sd)},
+        "kernels": {},
+    }  # fmt: skip
+    centres: dict[str, float] | None = None
+    first: MCMC | None = None
+    for kernel in kernels:
+        print(f"  {target.name} / {kernel}", flush=True)
+        cells: dict[str, Any] = {"default": {}}
+        for variant, options in target.variants.items():
+            if kernel == "SGFS" and options.get("dense_mass"):
+                continue  # SGFS preconditions by its own Fisher estimate
+            cell, mcmc = run_cell(kernel, target, options)
+            if mcmc is not None and not cell.get("nonfinite"):
+                add_ksd(cell, mcmc, target)
+                if first is None:
+                    first = mcmc
+                    z0 = jax.tree.map(lambda v: v[0], mcmc.last_state.z)
+                    centres = grid_centres(target, z0)
+                    entry["grid_centres"] = centres
+            label = "default (α = 0 from a mode)" if kernel == "SGFS" else variant
+            cells["default"][label] = cell
+            print(f"    {label}: {_brief(cell)}, KSD {_fmt(cell.get('ksd'))}, steps {cell.get('step_size')}, "
+                  f"noise ratio {_fmt(cell.get('noise_ratio_median'))}/{_fmt(cell.get('noise_ratio_p90'))}", flush=True)
+        if grid and centres is not None:
+            cells["hand_tuned"] = hand_tuned(kernel, target, centres, exponents)
+        entry["kernels"][kernel] = cells
+    if first is not None and target.ref_draws is not None:
+        entry["reference"]["ksd"] = ksd(first, num_draws=target.ksd_draws, samples=target.ref_draws,
+                                        preconditioner=target.ksd_preconditioner).ksd  # fmt: skip
+    return entry
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1/10 of the steps, 3-point grids")
+    parser.add_argument("--targets", nargs="+", default=["linreg", "ill-conditioned", "a9a", "hierarchical", "MLP"],
+                        choices=["linreg", "ill-conditioned", "a9a", "hierarchical", "MLP"])  # fmt: skip
+    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    parser.add_argument("--no-grid", action="store_true", help="only the defaults")
+    parser.add_argument("--hier-reference", type=Path, default=RESULTS / "hier_nuts.npz")
+    parser.add_argument("--mlp-reference", type=Path, default=RESULTS / "mlp_nuts.npz")
+    args = parser.parse_args()
+    exponents = GRID_EXPONENTS[::2] if args.quick else GRID_EXPONENTS
+    wall = time.perf_counter()
+    print(f"jax {jax.__version__}, numpyro {numpyro.__version__}; {machine()}", flush=True)
+    out = RESULTS / ("hands_off_quick.json" if args.quick else "hands_off.json")
+    results = json.loads(out.read_text()) if out.exists() else {"targets": {}}
+    for target in targets(args.targets, args.quick, args.hier_reference, args.mlp_reference):
+        start = time.perf_counter()
+        entry = run_target(target, args.kernels, not args.no_grid, exponents)
+        entry["seconds"] = time.perf_counter() - start
+        previous = results["targets"].get(target.name, {})
+        entry["kernels"] = {**previous.get("kernels", {}), **entry["kernels"]}
+        results["targets"][target.name] = {**previous, **entry}
+        results["settings"] = {"date": datetime.date.today().isoformat(), "machine": machine(),
+                               "jax": jax.__version__, "numpyro": numpyro.__version__, "quick": args.quick}  # fmt: skip
+        out.write_text(json.dumps(results, indent=1, default=float) + "\n")
+        print_table(target, results["targets"][target.name])
+        print(f"\n({target.name}: {entry['seconds']:.0f} s)", flush=True)
+    print(f"\nwrote {os.path.relpath(out)}; total wall time {time.perf_counter() - wall:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The gradient estimators of :mod:`ppl_sgmcmc.gradients` on both backends: control variates and SVRG are
+unbiased (the mean of many minibatch estimates at a fixed point is the full-data gradient within Monte Carlo
+error), their noise vanishes at the centre and is far smaller than the minibatch estimator's near it, SVRG's
+centre moves on schedule, sampling with each estimator matches the exact conjugate posterior within Monte
+Carlo error, and bad input gets a clear error."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pyro
+import pyro.distributions as pdist
+import pytest
+import torch
+from jax.flatten_util import ravel_pytree
+from numpyro.infer import MCMC
+
+from ppl_sgmcmc import gradients
+from ppl_sgmcmc import numpyro as np_backend
+from ppl_sgmcmc import pyro as pyro_backend
+from ppl_sgmcmc.numpyro.potential import ModelTarget
+from tests.helpers import K_SIGMA, conjugate_posterior, linear_regression_data, mean_and_mcse, sd_and_mcse
+
+N, D, BATCH = 2000, 3, 20
+X, Y, _ = linear_regression_data(N, D, 1.0, seed=5)
+MEAN, COV = conjugate_posterior(X, Y, 1.0, 1.0)
+
+
+def numpyro_model(X, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=BATCH):
+        numpyro.sample("y", dist.Normal(numpyro.subsample(X, event_dim=1) @ w, 1.0), obs=numpyro.subsample(y, 0))
+
+
+def pyro_model(X, y):
+    w = pyro.sample("w", pdist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with pyro.plate("data", X.shape[0], subsample_size=BATCH):
+        pyro.sample("y", pdist.Normal(pyro.subsample(X, event_dim=1) @ w, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+
+def exact_gradient(w):
+    """``∇U(w)`` of the conjugate regression (prior N(0, I), unit noise)."""
+    X64, y64 = np.asarray(X, np.float64), np.asarray(Y, np.float64)
+    return w + X64.T @ (X64 @ w - y64)
+
+
+def estimates(estimator, at, centre, draws=400):
+    """``draws`` estimates of ``∇U(at)`` with the NumPyro target's minibatches, the estimator centred at ``centre``."""
+    target = ModelTarget(numpyro_model, (jnp.asarray(X), jnp.asarray(Y)), {}, jax.random.PRNGKey(0), True, "SGLD")
+    _, unravel = ravel_pytree({"w": jnp.zeros(D)})
+    args = (jnp.asarray(X), jnp.asarray(Y))
+    state = estimator.init(jnp.asarray(centre, jnp.float32), lambda x: target.full_gradient(x, unravel, args, {}))
+
+    def one(key):
+        batch, _ = target.draw(key, target.init_batch(key))
+        grad_fn, _ = estimator.estimate(state, at, lambda x: target.gradient(x, unravel, batch, args, {}), 0)
+        return grad_fn(at).grad
+
+    return np.asarray(jax.vmap(one)(jax.random.split(jax.random.PRNGKey(1), draws)), np.float64)
+
+
+@pytest.mark.parametrize("estimator", [gradients.minibatch(), gradients.control_variates()], ids=["minibatch", "cv"])
+def test_estimators_are_unbiased(estimator):
+    at = jnp.asarray(MEAN + 2 * np.sqrt(np.diag(COV)), jnp.float32)  # two posterior sds from the centre
+    g = estimates(estimator, at, MEAN)
+    mean, mcse = g.mean(0), g.std(0, ddof=1) / np.sqrt(len(g))
+    exact = exact_gradient(np.asarray(at, np.float64))
+    assert np.all(np.abs(mean - exact) < K_SIGMA * mcse + 1e-3 * np.abs(exact).max()), (mean, exact, mcse)
+
+
+def test_control_variates_noise_vanishes_at_the_centre_and_is_small_near_it():
+    cv, plain = gradients.control_variates(), gradients.minibatch()
+    at_centre = estimates(cv, jnp.asarray(MEAN, jnp.float32), MEAN, draws=50)
+    np.testing.assert_allclose(at_centre.std(0), 0.0, atol=1e-3 * np.abs(at_centre).max())  # float32 rounding only
+    near = jnp.asarray(MEAN + np.sqrt(np.diag(COV)), jnp.float32)  # one posterior sd away
+    ratio = estimates(plain, near, MEAN).var(0) / estimates(cv, near, MEAN).var(0)
+    assert np.all(ratio > 10), ratio  # the acceptance's "at least 10x" near the mode
+
+
+def test_svrg_centre_moves_on_schedule():
+    kernel = np_backend.SGLD(numpyro_model, step_size=1e-4, gradient=gradients.svrg(epoch_length=7), find_mode=False)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=30, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), jnp.asarray(X), jnp.asarray(Y), init_params={"w": jnp.zeros(D)},
+             extra_fields=("gradient_state.position", "i"))  # fmt: skip
+    centres = np.asarray(mcmc.get_extra_fields()["gradient_state.position"])
+    steps = np.asarray(mcmc.get_extra_fields()["i"])  # the step count after each draw
+    draws = np.asarray(mcmc.get_samples()["w"])
+    moved = [int(s) for s, a, b in zip(steps[1:], centres[:-1], centres[1:]) if not np.array_equal(a, b)]
+    assert moved == [8, 15, 22, 29]  # the step starting at i = 7k recentres (counts after the step: 7k + 1)
+    np.testing.assert_array_equal(centres[7], draws[6])  # draw 7 (i = 8): at the position before step 7
+    assert np.array_equal(centres[0], np.zeros(D))  # the start
+
+
+def test_default_epoch_is_n_over_batch():
+    kernel = np_backend.SGLD(numpyro_model, step_size=1e-4, gradient="svrg", find_mode=False)
+    kernel.init(jax.random.PRNGKey(0), 0, {"w": jnp.zeros(D)}, (jnp.asarray(X), jnp.asarray(Y)))
+    assert kernel._epoch_steps == N // BATCH
+
+
+def assert_exact_posterior(draws, h):
+    """Moments within Monte Carlo error of the exact posterior, allowing SGLD's discretisation bias at the
+    tuned step (its variance ``1/(1 - h/2)`` in the preconditioned coordinates) and its residual noise."""
+    mean, mcse = mean_and_mcse(draws)
+    assert np.all(np.abs(mean - MEAN) < K_SIGMA * mcse), (mean - MEAN) / mcse
+    sd, sd_mcse = sd_and_mcse(draws)
+    exact = np.sqrt(np.diag(COV))
+    allowance = np.sqrt(1 / (1 - h / 2) * 1.02) - 1  # discretisation, and a 2 % noise ratio at most
+    assert np.all(np.abs(sd / exact - 1) < K_SIGMA * sd_mcse / exact + allowance), (sd / exact, sd_mcse / exact)
+
+
+@pytest.mark.parametrize("gradient", ["control_variates", "svrg"])
+def test_numpyro_sampling_with_variance_reduction_is_exact(gradient):
+    kernel = np_backend.SGLD(numpyro_model, gradient=gradient, steps_per_sample=5)
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=2000, num_chains=4, chain_method="vectorized",
+                progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(0), jnp.asarray(X), jnp.asarray(Y))
+    h = float(np.max(mcmc.last_state.step_size))
+    assert_exact_posterior(np.asarray(mcmc.get_samples(group_by_chain=True)["w"], np.float64), h)
+
+
+@pytest.mark.parametrize("gradient", ["control_variates", "svrg"])
+def test_pyro_sampling_with_variance_reduction_is_exact(gradient):
+    pyro.set_rng_seed(0)
+    kernel = pyro_backend.SGLD(pyro_model, gradient=gradient, steps_per_sample=5)
+    mcmc = pyro.infer.MCMC(kernel, warmup_steps=200, num_samples=2000, disable_progbar=True)
+    mcmc.run(torch.tensor(X), torch.tensor(Y))
+    h = kernel.last_state.state.step_size
+    assert_exact_posterior(mcmc.get_samples(group_by_chain=True)["w"].double().numpy(), h)
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_bad_estimator_input(backend):
+    model = numpyro_model if backend is np_backend else pyro_model
+    with pytest.raises(ValueError, match="unknown gradient 'cv'"):
+        backend.SGLD(model, gradient="cv")
+    with pytest.raises(ValueError, match="a `potential_fn` does not give"):
+        backend.SGLD(potential_fn=lambda z: 0.0, gradient="control_variates")
+    with pytest.raises(ValueError, match="SGFS takes its diffusion from the minibatch gradient's noise"):
+        backend.SGFS(model, gradient="svrg")
+    with pytest.raises(ValueError, match="with local Gibbs sites"):
+        backend.SGLD(model, gradient="control_variates", gibbs_sites=["z"], gibbs_fn=lambda *a: None)
+    with pytest.raises(ValueError, match="`epoch_length` must be a positive number"):
+        gradients.svrg(epoch_length=-3)
+    kernel = backend.SGLD(model, step_size=1e-4, gradient=gradients.control_variates(centre=np.zeros(D + 1)))
+    with pytest.raises(ValueError, match=f"`centre` has shape \\({D + 1},\\), but the model has {D}"):
+        if backend is np_backend:
+            kernel.init(jax.random.PRNGKey(0), 0, {"w": jnp.zeros(D)}, (jnp.asarray(X), jnp.asarray(Y)))
+        else:
+            kernel.setup(0, torch.tensor(X), torch.tensor(Y))
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_variance_reduction_needs_a_subsampled_plate(backend):
+    if backend is np_backend:
+        def full(X, y):
+            w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+            numpyro.sample("y", dist.Normal(X @ w, 1.0), obs=y)
+
+        kernel = backend.SGLD(full, gradient="control_variates")
+        with pytest.warns(UserWarning), pytest.raises(ValueError, match="this model has none"):
+            kernel.init(jax.random.PRNGKey(0), 0, None, (jnp.asarray(X), jnp.asarray(Y)))
+    else:
+        def full(X, y):
+            w = pyro.sample("w", pdist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+            pyro.sample("y", pdist.Normal(X @ w, 1.0).to_event(1), obs=y)
+
+        kernel = backend.SGLD(full, gradient="control_variates")
+        with pytest.warns(UserWarning), pytest.raises(ValueError, match="this model has none"):
+            kernel.setup(0, torch.tensor(X), torch.tensor(Y))
