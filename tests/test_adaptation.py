@@ -72,12 +72,20 @@ def test_window_ends() -> None:
 
 # --- a window's variance ---------------------------------------------------------------------------------
 def moments_of(draws: np.ndarray, xp: str = "jax") -> ad.WindowMoments:
-    arr = (lambda a: jnp.asarray(a, jnp.float32)) if xp == "jax" else (lambda a: torch.tensor(a, dtype=torch.float32))
-    moments = ad.window_moments(draws.shape[1], like=arr(draws[0]))
+    """The window moments of ``draws`` added one by one (a ``lax.scan`` on JAX, a loop on torch)."""
     n = draws.shape[0]
+    batches = np.arange(n) * ad.BATCHES // n
+    if xp == "jax":
+        xs = jnp.asarray(draws, jnp.float32)
+
+        def body(moments: ad.WindowMoments, t: jax.Array) -> tuple[ad.WindowMoments, None]:
+            return ad._add(moments, xs[t], jnp.asarray(batches)[t]), None
+
+        return jax.jit(lambda m: jax.lax.scan(body, m, jnp.arange(n))[0])(ad.window_moments(draws.shape[1], like=xs))
+    ts = torch.tensor(draws, dtype=torch.float32)
+    moments = ad.window_moments(draws.shape[1], like=ts[0])
     for t in range(n):
-        moments = ad._add(moments, arr(draws[t]), arr(np.int32(t * ad.BATCHES // n)).to(torch.int32) if xp == "torch"
-                          else jnp.int32(t * ad.BATCHES // n))  # fmt: skip
+        moments = ad._add(moments, ts[t], torch.tensor(int(batches[t])))
     return moments
 
 

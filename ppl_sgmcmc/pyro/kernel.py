@@ -12,6 +12,7 @@ from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import torch
+import torch.func
 from pyro.distributions import constraints
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
@@ -322,7 +323,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             generator = torch.Generator().manual_seed(0)
             batch, _ = target.draw(generator, target.init_batch(generator))
             near = flat + 0.01 * torch.randn(flat.shape, generator=generator, dtype=flat.dtype)  # not a special point
-            rows = target.gradient(near, batch, "per_example").per_example
+            rows = target._eager_gradient(near, batch, "per_example").per_example  # once: not worth compiling
             layout = target.layout
             self._check_scores(rows.detach(), [name for name in layout.names for _ in range(layout.shapes[name].numel())])
         self._target = target
@@ -608,6 +609,13 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         while isinstance(support, constraints.independent):
             support = support.base_constraint
         return support is constraints.positive or support is constraints.nonnegative
+
+    @staticmethod
+    def _jacobian(fn):
+        """``z -> ∂fn(z)/∂z`` by forward-mode autodiff, ``torch.func.jacfwd`` (the output's axes, then the input's):
+        the derivatives of the complete recipe's ``D(z)`` and ``Q(z)`` (:class:`~ppl_sgmcmc.algorithms.Recipe`),
+        which must then be written in operations ``torch.func`` transforms."""
+        return torch.func.jacfwd(fn)
 
     def __getstate__(self):
         state = self.__dict__.copy()
