@@ -33,6 +33,8 @@ from ppl_sgmcmc import _checks, adaptation, gradients, noise
 from ppl_sgmcmc.rules import csgld as csgld_rule
 from ppl_sgmcmc.rules import has_momentum, refresh_momentum
 from ppl_sgmcmc.rules import psgld as psgld_rule
+from ppl_sgmcmc.rules import recipe as recipe_rule
+from ppl_sgmcmc.rules import santa as santa_rule
 from ppl_sgmcmc.rules import sgfs as sgfs_rule
 from ppl_sgmcmc.rules import sghmc as sghmc_rule
 from ppl_sgmcmc.rules import sgld as sgld_rule
@@ -45,11 +47,13 @@ __all__ = [
     "FIND_MODE_STEPS",
     "INTEGRATORS",
     "PSGLD",
+    "Recipe",
     "SGFS",
     "SGHMC",
     "SGLD",
     "SGNHT",
     "SGRLD",
+    "Santa",
     "Algorithm",
     "ContourFields",
     "GibbsOptions",
@@ -1319,3 +1323,286 @@ class SGFS(Algorithm):
                 "or more, a larger subsample_size, or fisher='diagonal'.",
                 stacklevel=3,
             )
+
+
+# --- Santa ------------------------------------------------------------------------------------------------
+class Santa(Algorithm):
+    """Santa, the stochastic annealing thermostat with adaptive momentum (Chen, Carlson, Gan, Li & Carin,
+    "Bridging the Gap between Stochastic Gradient MCMC and Stochastic Optimization", AISTATS 2016):
+    mSGNHT preconditioned by RMSprop at inverse temperatures ``β_t → ∞``, an optimiser that starts as a
+    sampler. Euler scheme (the paper's Algorithm 1), with ``f = ∇Ũ_t(θ)``, the RMSprop average ``V`` of ``f/N``
+    (``N`` the data size), ``g = 1 ⊘ sqrt(λ + sqrt(V))`` (``g'`` before this step's update of ``V``), and the
+    temperature ``T_t = 1/β_t`` while the chain explores, ``T_t = 0`` once it refines::
+
+        ξ ← ξ + h (p⊙p - T_t);  p ← (1 - h ξ)⊙p - h g⊙f + sqrt(2 h T_t g') ⊙ ζ;  θ ← θ + h g⊙p
+
+    The rule in full, how it maps to the paper's ``η = h²``, ``u = h p``, ``α = h ξ``, and where it departs
+    from the listing (the noise's power of ``η``, the curvature term, the refinement's thermostat):
+    :mod:`ppl_sgmcmc.rules.santa`. Exploration samples ``exp(-β_t U)`` while ``β_t`` grows; refinement, from
+    step ``num_exploration`` on, is the deterministic optimiser at zero temperature, which converges to the
+    mode the exploration ended near.
+
+    **Output.** Through ``MCMC`` the draws are the annealed trajectory, not posterior draws; the last
+    draw is Santa's estimate of the global mode (``mcmc.get_samples()[site][-1]``, constrained like every
+    draw; ``group_by_chain=True`` gives one per chain). With ``num_exploration=None`` (default) the warm-up
+    explores and the kept draws refine. For the optimiser alone (no model, no ``MCMC``), see
+    :func:`ppl_sgmcmc.optim.santa`.
+
+    **Step size.** ``step_size`` must be given (or a schedule): Santa cannot use the warm-up's tuning,
+    which aims at a noise ratio for a fixed target from an adapted preconditioner, whereas Santa anneals
+    its target and preconditions by its own RMSprop average. ``step_size=None`` raises. Choose ``h`` so that
+    ``h g sqrt(curvature) < 1`` (``g ≈ (λ + |f|/N)^{-1/2}``): the explicit scheme is unstable beyond.
+
+    :param step_size: ``h`` (the paper's learning rate is ``η = h²``), a float or a schedule.
+    :param inverse_temperature: ``β_t``, a positive float or a schedule ``t -> β_t`` of the 0-based step index;
+        default :func:`ppl_sgmcmc.rules.santa.annealing` ``()``, ``β_t = t^0.5`` (1-based ``t``), the schedule of
+        the authors' implementations.
+        ``annealing(rate, scale)`` anneals more slowly in steps, as a small ``h`` needs. ``β = 1`` with
+        ``num_exploration=math.inf`` samples the posterior (an RMSprop-preconditioned mSGNHT-E).
+    :param num_exploration: the steps of exploration (the paper's burn-in), counted from the chain's start
+        (warm-up included): ``None`` (default) for the warm-up's steps, an integer, or ``math.inf`` (never
+        refine).
+    :param decay: the RMSprop decay ``σ ∈ (0, 1)`` (default 0.999, as in the authors' implementation).
+    :param eps: the regulariser ``λ > 0`` (default 1e-8).
+    :param initial_thermostat: ``C >= 0``, the thermostat's start ``ξ_0`` (the paper's ``α_0 = sqrt(η) C``;
+        default 1).
+    :param curvature_term: add the paper's estimate ``T_t (1 - g'⊘g) ⊘ p`` of the drift ``T ∇G(θ)`` of the
+        θ-dependent preconditioner to the exploration (default ``False``). It divides by the momentum: on the
+        double-well it overflowed in 4-12% of the runs (such steps are rejected and the momentum redrawn). The
+        authors' implementation leaves it out; so does pSGLD (its ``Γ``).
+
+    ``temperature`` must stay 1: Santa's temperature is ``1/β_t`` (:meth:`temperature_at`). Other arguments:
+    see :class:`Algorithm`.
+    """
+
+    rule = santa_rule
+    schedulable = ("inverse_temperature",)
+    can_adapt_mass = False
+    can_adapt_mass_reason = (
+        "Santa preconditions by its own RMSprop average and anneals its target (β_t → ∞), so no fixed target's "
+        "gradient noise can set its step size."
+    )
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Callable[[Any], Any] | None = None,
+        inverse_temperature: float | Callable[[Any], Any] | None = None,
+        num_exploration: int | float | None = None,
+        decay: float = 0.999,
+        eps: float = 1e-8,
+        initial_thermostat: float = 1.0,
+        curvature_term: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        name = type(self).__name__
+        if kwargs.get("temperature", 1.0) != 1.0:
+            raise ValueError(
+                f"{name}: `temperature` must be 1: Santa's temperature is 1/β_t. Give `inverse_temperature` (a number "
+                "or a schedule t -> β_t) instead."
+            )
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        beta = santa_rule.annealing() if inverse_temperature is None else inverse_temperature
+        if num_exploration is not None and num_exploration != math.inf:
+            num_exploration = _checks.int_at_least("num_exploration", num_exploration, 0, name)
+        self._num_exploration_arg = num_exploration
+        self._options = {
+            "inverse_temperature": _checks.schedule_or(_checks.positive, "inverse_temperature", beta, name),
+            "decay": _checks.in_unit_interval("decay", decay, name),
+            "eps": _checks.positive("eps", eps, name),
+            "initial_thermostat": _checks.non_negative("initial_thermostat", initial_thermostat, name),
+            "curvature_term": _checks.boolean("curvature_term", curvature_term, name),
+        }
+        self._num_exploration: int | float = 0 if num_exploration is None else num_exploration
+        self._data_size = 1  # N, from the model
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The rule's keyword arguments besides ``step_size``: ``inverse_temperature`` (a schedule stays a
+        callable), ``decay``, ``eps``, ``initial_thermostat``, ``curvature_term``, ``num_exploration`` (in steps,
+        set from the warm-up when not given) and ``data_size`` (``N``, from the model: its largest subsampled
+        plate; 1 for a ``potential_fn``); no ``temperature``.
+
+        **Example** (the exploration is the warm-up: 100 draws of 2 steps)::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import Santa
+            >>> kernel = Santa(potential_fn=lambda z: jnp.sum(z["x"] ** 2), step_size=0.1, inverse_temperature=2.0,
+            ...                steps_per_sample=2)
+            >>> _ = kernel.init(jax.random.PRNGKey(0), 100, init_params={"x": jnp.ones(2)})
+            >>> hp = kernel.hyperparameters()
+            >>> hp["inverse_temperature"], hp["num_exploration"], hp["data_size"], "temperature" in hp
+            (2.0, 200, 1, False)
+        """
+        return dict(self._options, num_exploration=self._num_exploration, data_size=self._data_size)
+
+    def temperature_at(self, i: Any) -> Any:
+        """Santa's temperature at step ``i``: ``T_i = 1/β_i`` while it explores, 0 once it refines. A momentum
+        redrawn after a rejected step gets ``N(0, T_i I)``.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import Santa
+            >>> kernel = Santa(potential_fn=lambda z: 0.0, step_size=0.1, num_exploration=10)
+            >>> kernel.temperature_at(3), kernel.temperature_at(10)  # β_3 = 2 (the default annealing)
+            (0.5, 0.0)
+        """
+        beta = self._options["inverse_temperature"]
+        return (i < self._num_exploration) / (beta(i) if callable(beta) else beta)
+
+    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+        """Not measured (NaN): the annealed target changes, and the refinement injects no noise."""
+        return math.nan
+
+    def _set_warmup(self, num_warmup: int, steps: int | None = None) -> None:
+        super()._set_warmup(num_warmup, steps)
+        explore = self._num_exploration_arg
+        self._num_exploration = self._num_warmup_steps if explore is None else explore
+        self._start_warning = None
+        if explore is None and self._num_warmup_steps == 0:
+            self._start_warning = (
+                f"{self.name}: the exploration is the warm-up (num_exploration=None), but {self.warmup_arg}=0 leaves "
+                "none: the chain only refines, a deterministic optimiser. That is right when continuing a chain; a new "
+                f"chain should set `{self.warmup_arg}` or `num_exploration`."
+            )
+
+    def _check_dimension(self, target: Any, dim: int) -> None:
+        super()._check_dimension(target, dim)
+        self._data_size = target.data_size
+        self._kwargs_cache = {}
+
+    def progress(self, state: Any) -> dict[str, Any]:
+        """The base items, the mean thermostat ``ξ̄`` and the temperature ``T`` (0 once refining).
+
+        **Example**::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import Santa
+            >>> kernel = Santa(potential_fn=lambda z: jnp.sum(z["x"] ** 2), step_size=0.1, initial_thermostat=2.0)
+            >>> state = kernel.init(jax.random.PRNGKey(0), num_warmup=10, init_params={"x": jnp.ones(3)})
+            >>> kernel.progress(state)
+            {'Ũ_t': '3', 'h': '1.00e-01', 'div': 0, 'ξ̄': '2', 'T': '1'}
+        """
+        temperature = float(self.temperature_at(int(state.i)))
+        return {**super().progress(state), "ξ̄": f"{float(state.rule_state.thermostat.mean()):.3g}", "T": f"{temperature:.3g}"}
+
+
+# --- the complete recipe ----------------------------------------------------------------------------------
+class Recipe(Algorithm):
+    """A sampler built from the complete recipe of Ma, Chen & Fox ("A Complete Recipe for Stochastic Gradient
+    MCMC", NeurIPS 2015): a positive semidefinite diffusion matrix ``D(z)`` and a skew-symmetric curl matrix
+    ``Q(z)`` over the joint state ``z = θ``, or ``z = (θ, r)`` with momenta and ``H(z) = U(θ) + r·r/2``; the
+    correction ``Γ_i(z) = Σ_j ∂_j (D_ij(z) + Q_ij(z))`` comes from the backend's autodiff. Every such choice
+    samples ``exp(-H/τ)``, in the limit of small steps::
+
+        dz = [-(D(z) + Q(z)) ∇H(z) + τ Γ(z)] dt + sqrt(2 τ D(z)) dW
+
+    One step, split in the part of the drift without the gradient and the rest (the rule, exactly:
+    :mod:`ppl_sgmcmc.rules.recipe`)::
+
+        z ← z + h [-(D + Q)(z) (0, r) + τ Γ(z)]
+        z ← z - h (D + Q)(z) (∇Ũ_t(θ), 0) + sqrt(2 h τ) D(z)^{1/2} ζ
+
+    ``D=1.0`` is SGLD, and ``D=A``, ``Q=[[0, -I], [I, 0]]``, ``momentum=True`` is SGHMC with the Euler
+    integrator, step for step.
+
+    :param step_size: ``h``, a float or a schedule; it must be given: the warm-up tunes step sizes in the
+        coordinates of an adapted preconditioner, where ``D`` and ``Q`` would mean something else.
+    :param D: the diffusion: a callable ``z -> D(z)`` of the flat joint state (a ``jax.numpy`` array on
+        NumPyro, a ``torch`` tensor on Pyro; the parameters in the order of ``ravel_pytree``, then the
+        momenta), or a constant (a float, a NumPy array). Its value is a scalar (``D I``), ``d`` diagonal
+        entries or a ``d×d`` positive semidefinite matrix. Without momenta it acts on ``θ``; with momenta it is
+        the momentum block of the joint diffusion ``diag(0, D)``: the noise enters the momenta only.
+    :param Q: the curl: a callable ``z -> Q(z)`` or a constant ``n×n`` skew-symmetric matrix (``n = d``, or
+        ``2d`` with momenta, ``θ`` first), or ``None`` (0, default; with momenta it is required).
+    :param momentum: ``z = (θ, r)`` with ``r`` started at ``N(0, τ I)`` (default ``False``: ``z = θ``).
+    :param temperature: ``τ`` (default 1).
+
+    **Autodiff.** ``Γ`` is the divergence of the rows of the callables among ``D`` and ``Q``, from their Jacobian:
+    ``jax.jacfwd`` on NumPyro, ``torch.func.jacfwd`` on Pyro, which needs ``D`` and ``Q`` written in ``torch``
+    operations that ``torch.func`` transforms (no in-place updates, no ``.item()``, no Python branching on
+    values: ``torch.where``). Write them once with ``array_api_compat.array_namespace(z)`` to serve both.
+    Costs grow with ``n``: ``n`` evaluations per Jacobian, a dense product, an ``eigh`` of a dense ``D(z)``.
+    A recipe to try out a sampler; the dedicated kernels are the fast forms of its instances. The algorithm
+    page ("The complete recipe") shows how to build one, e.g. the paper's Riemannian SGRHMC.
+
+    Other arguments: see :class:`Algorithm`.
+    """
+
+    rule = recipe_rule
+    can_adapt_mass = False
+    can_adapt_mass_reason = (
+        "its D(z) and Q(z) are given in the model's unconstrained coordinates, which an adapted preconditioner "
+        "would change."
+    )
+    #: ``f -> (z -> ∂f(z)/∂z)``, the backend's Jacobian operator (each backend's base class defines it).
+    _jacobian: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Callable[[Any], Any] | None = None,
+        D: Any,
+        Q: Any = None,
+        momentum: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        name = self.name
+        momentum = _checks.boolean("momentum", momentum, name)
+        if momentum and Q is None:
+            raise ValueError(
+                f"{name}: with momentum=True the curl `Q` couples θ and the momenta (SGHMC's is [[0, -I], [I, 0]]); "
+                "without it the gradient never reaches θ. Give `Q`."
+            )
+        self._options = {
+            "D": _recipe_matrix("D", D, name),
+            "Q": None if Q is None else _recipe_matrix("Q", Q, name),
+            "momentum": momentum,
+            "jacobian": self._jacobian,
+        }
+
+    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+        """Not measured (NaN): how the gradient noise enters depends on the user's ``D`` and ``Q``."""
+        return math.nan
+
+    def _check_dimension(self, target: Any, dim: int) -> None:
+        super()._check_dimension(target, dim)
+        for name in ("D", "Q"):
+            value = self._options[name]
+            if value is not None and not callable(value):
+                try:
+                    recipe_rule.check_shape(name, np.shape(value), dim, self._options["momentum"])
+                except ValueError as err:
+                    raise ValueError(f"{self.name}: {err} The model has d = {dim} latent coordinates.") from None
+
+
+def _recipe_matrix(name: str, value: Any, kernel: str) -> Any:
+    """The recipe's ``D`` (positive semidefinite: a non-negative scalar or diagonal, or a symmetric matrix) or
+    ``Q`` (a skew-symmetric matrix), checked when constant: a float or a float64 NumPy array; a callable as is."""
+    if callable(value):
+        return value
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        array = None
+    kinds = "a non-negative number, non-negative diagonal entries or a square matrix" if name == "D" else "a square matrix"
+    if array is None or (array.ndim > 2 or name == "Q" and array.ndim != 2) or not np.all(np.isfinite(array)):
+        raise ValueError(f"{kernel}: `{name}` must be a callable z -> {name}(z) or {kinds}, got {value!r}.")
+    if array.ndim == 2 and array.shape[0] != array.shape[1]:
+        raise ValueError(f"{kernel}: `{name}` must be a square matrix, got shape {array.shape}.")
+    if name == "Q":
+        if not np.allclose(array, -array.T, rtol=0, atol=1e-12 * max(1.0, np.abs(array).max())):
+            raise ValueError(f"{kernel}: `Q` must be skew-symmetric (Q = -Qᵀ).")
+        return array
+    if array.ndim == 2:
+        if not np.allclose(array, array.T, rtol=1e-6, atol=0):
+            raise ValueError(f"{kernel}: `D` must be symmetric.")
+        if np.linalg.eigvalsh(array).min() < -1e-10 * max(1.0, np.abs(array).max()):
+            raise ValueError(f"{kernel}: `D` must be positive semidefinite (it has a negative eigenvalue).")
+    elif np.any(array < 0):
+        raise ValueError(f"{kernel}: `D` must be non-negative, got {value!r}.")
+    return float(array) if array.ndim == 0 else array

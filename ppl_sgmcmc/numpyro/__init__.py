@@ -3,7 +3,19 @@
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.inference_data import full_data_log_likelihood, predictive, to_inference_data
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel, SGMCMCState
-from ppl_sgmcmc.numpyro.kernels import CSGHMC, CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT, SGRLD, ContourState
+from ppl_sgmcmc.numpyro.kernels import (
+    CSGHMC,
+    CSGLD,
+    PSGLD,
+    SGFS,
+    SGHMC,
+    SGLD,
+    SGNHT,
+    SGRLD,
+    ContourState,
+    Recipe,
+    Santa,
+)
 from ppl_sgmcmc.numpyro.scores import full_data_score
 
 __all__ = [
@@ -11,6 +23,7 @@ __all__ = [
     "CSGLD",
     "ContourState",
     "PSGLD",
+    "Recipe",
     "SGFS",
     "SGHMC",
     "SGLD",
@@ -18,6 +31,7 @@ __all__ = [
     "SGMCMCState",
     "SGNHT",
     "SGRLD",
+    "Santa",
     "full_data",
     "full_data_log_likelihood",
     "full_data_score",

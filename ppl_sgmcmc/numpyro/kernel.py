@@ -501,6 +501,12 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             support = support.base_constraint
         return support is constraints.positive
 
+    @staticmethod
+    def _jacobian(fn):
+        """``z -> ∂fn(z)/∂z`` by forward-mode autodiff, ``jax.jacfwd`` (the output's axes, then the input's): the
+        derivatives of the complete recipe's ``D(z)`` and ``Q(z)`` (:class:`~ppl_sgmcmc.algorithms.Recipe`)."""
+        return jax.jacfwd(fn)
+
     # --- the chain ---------------------------------------------------------------------------
     def _init_state(self, init_params, rng_key, model_args, model_kwargs):
         key_batch, key_noise, key_draw, rng_key = random.split(rng_key, 4)

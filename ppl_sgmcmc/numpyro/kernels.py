@@ -6,7 +6,7 @@ NumPyro's."""
 from ppl_sgmcmc import algorithms
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel, SGMCMCState
 
-__all__ = ["CSGHMC", "CSGLD", "PSGLD", "SGFS", "SGHMC", "SGLD", "SGNHT", "SGRLD", "ContourState"]
+__all__ = ["CSGHMC", "CSGLD", "PSGLD", "SGFS", "SGHMC", "SGLD", "SGNHT", "SGRLD", "ContourState", "Recipe", "Santa"]
 
 
 class SGLD(algorithms.SGLD, SGMCMCKernel):
@@ -191,4 +191,53 @@ class SGFS(algorithms.SGFS, SGMCMCKernel):
         True
         >>> mcmc.last_state.rule_state.fisher.shape  # Î, the per-datum Fisher estimate
         (2, 2)
+    """
+
+
+class Santa(algorithms.Santa, SGMCMCKernel):
+    """:class:`ppl_sgmcmc.algorithms.Santa` (Chen, Carlson, Gan, Li & Carin, AISTATS 2016) as a NumPyro kernel:
+    the warm-up explores, the kept draws refine, and the last draw is the estimate of the global mode.
+
+    **Example** (the double-well ``U(x) = (x+4)(x+1)(x-1)(x-3)/14 + 0.5`` from its local mode near 2.2; the global
+    one is near -2.9; a slow annealing for the small step)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from numpyro.infer import MCMC
+        >>> from ppl_sgmcmc.rules.santa import annealing
+        >>> def U(z):
+        ...     x = z["x"]
+        ...     return jnp.sum((x + 4) * (x + 1) * (x - 1) * (x - 3) / 14 + 0.5)
+        >>> kernel = Santa(potential_fn=U, step_size=0.1, inverse_temperature=annealing(scale=1000.0))
+        >>> mcmc = MCMC(kernel, num_warmup=6000, num_samples=2000, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.array([2.2])})
+        >>> round(float(mcmc.get_samples()["x"][-1, 0]), 2)
+        -2.94
+    """
+
+
+class Recipe(algorithms.Recipe, SGMCMCKernel):
+    """:class:`ppl_sgmcmc.algorithms.Recipe` (Ma, Chen & Fox, NeurIPS 2015) as a NumPyro kernel: ``Γ`` by
+    ``jax.jacfwd`` of ``D`` and ``Q`` (functions of ``jax.numpy`` arrays).
+
+    **Example** (SGHMC from its ``D`` and ``Q`` on a 2-d standard normal; ``z = (θ, r)``)::
+
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> from numpyro.infer import MCMC
+        >>> Q = np.block([[np.zeros((2, 2)), -np.eye(2)], [np.eye(2), np.zeros((2, 2))]])
+        >>> kernel = Recipe(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1, D=1.0, Q=Q,
+        ...                 momentum=True)
+        >>> mcmc = MCMC(kernel, num_warmup=200, num_samples=4000, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)})
+        >>> bool(jnp.all(jnp.abs(mcmc.get_samples()["x"].var(0) - 1) < 0.2))
+        True
+
+    A state-dependent diffusion, ``D(θ) = 1 + θ⊙θ``, whose ``Γ(θ) = 2θ`` keeps the target (a Riemannian
+    Langevin dynamics)::
+
+        >>> kernel = Recipe(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.01, D=lambda z: 1 + z * z,
+        ...                 steps_per_sample=10)
+        >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=2000, progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)})
+        >>> bool(jnp.all(jnp.abs(mcmc.get_samples()["x"].var(0) - 1) < 0.2))
+        True
     """

@@ -15,7 +15,19 @@ from ppl_sgmcmc.checkpoint import ChainState
 from ppl_sgmcmc.pyro.handlers import FullDataModel, full_data, subsample_plates
 from ppl_sgmcmc.pyro.inference_data import full_data_log_likelihood, predictive, sample_stats, to_inference_data
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel, SGMCMCState
-from ppl_sgmcmc.pyro.kernels import CSGHMC, CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT, SGRLD, ContourState
+from ppl_sgmcmc.pyro.kernels import (
+    CSGHMC,
+    CSGLD,
+    PSGLD,
+    SGFS,
+    SGHMC,
+    SGLD,
+    SGNHT,
+    SGRLD,
+    ContourState,
+    Recipe,
+    Santa,
+)
 from ppl_sgmcmc.pyro.scores import full_data_score
 
 __all__ = [
@@ -25,6 +37,7 @@ __all__ = [
     "ContourState",
     "FullDataModel",
     "PSGLD",
+    "Recipe",
     "SGFS",
     "SGHMC",
     "SGLD",
@@ -32,6 +45,7 @@ __all__ = [
     "SGMCMCState",
     "SGNHT",
     "SGRLD",
+    "Santa",
     "full_data",
     "full_data_log_likelihood",
     "full_data_score",

@@ -6,7 +6,7 @@ Pyro's."""
 from ppl_sgmcmc import algorithms
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel, SGMCMCState
 
-__all__ = ["CSGHMC", "CSGLD", "PSGLD", "SGFS", "SGHMC", "SGLD", "SGNHT", "SGRLD", "ContourState"]
+__all__ = ["CSGHMC", "CSGLD", "PSGLD", "SGFS", "SGHMC", "SGLD", "SGNHT", "SGRLD", "ContourState", "Recipe", "Santa"]
 
 
 class SGLD(algorithms.SGLD, SGMCMCKernel):
@@ -222,5 +222,48 @@ class SGFS(algorithms.SGFS, SGMCMCKernel):
         >>> mcmc.run(X, y)
         >>> w = mcmc.get_samples()["w"]
         >>> bool(torch.all((w.mean(0) - torch.tensor([1.0, -1.0])).abs() < 0.2))
+        True
+    """
+
+
+class Santa(algorithms.Santa, SGMCMCKernel):
+    """:class:`ppl_sgmcmc.algorithms.Santa` (Chen, Carlson, Gan, Li & Carin, AISTATS 2016) as a Pyro kernel:
+    the warm-up explores, the kept draws refine, and the last draw is the estimate of the global mode.
+
+    **Example** (the double-well ``U(x) = (x+4)(x+1)(x-1)(x-3)/14 + 0.5`` from its local mode near 2.2; the global
+    one is near -2.9; 3000 steps explore, 1000 refine)::
+
+        >>> import torch, pyro
+        >>> from pyro.infer import MCMC
+        >>> from ppl_sgmcmc.rules.santa import annealing
+        >>> def U(z):
+        ...     x = z["x"]
+        ...     return ((x + 4) * (x + 1) * (x - 1) * (x - 3) / 14 + 0.5).sum()
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = Santa(potential_fn=U, step_size=0.1, inverse_temperature=annealing(scale=300.0))
+        >>> mcmc = MCMC(kernel, warmup_steps=3000, num_samples=1000, initial_params={"x": torch.tensor([2.2])},
+        ...             disable_progbar=True)
+        >>> mcmc.run()
+        >>> round(float(mcmc.get_samples()["x"][-1, 0]), 2)
+        -2.94
+    """
+
+
+class Recipe(algorithms.Recipe, SGMCMCKernel):
+    """:class:`ppl_sgmcmc.algorithms.Recipe` (Ma, Chen & Fox, NeurIPS 2015) as a Pyro kernel: ``Γ`` by
+    ``torch.func.jacfwd`` of ``D`` and ``Q``, which must be written in operations ``torch.func`` transforms.
+
+    **Example** (Langevin dynamics preconditioned by a constant dense ``D = Σ``, the target's covariance)::
+
+        >>> import torch, pyro, numpy as np
+        >>> from pyro.infer import MCMC
+        >>> cov = np.array([[1.0, 0.8], [0.8, 1.0]])
+        >>> precision = torch.as_tensor(np.linalg.inv(cov), dtype=torch.float32)
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = Recipe(potential_fn=lambda z: 0.5 * z["x"] @ precision @ z["x"], step_size=0.05, D=cov)
+        >>> mcmc = MCMC(kernel, warmup_steps=100, num_samples=1000, initial_params={"x": torch.zeros(2)},
+        ...             disable_progbar=True)
+        >>> mcmc.run()
+        >>> bool(abs(torch.corrcoef(mcmc.get_samples()["x"].T)[0, 1] - 0.8) < 0.1)
         True
     """

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from array_api_compat import array_namespace
 
-from ppl_sgmcmc.rules import csgld, psgld, rms, sgfs, sghmc, sgld, sgnht, sgrld
+from ppl_sgmcmc.rules import csgld, psgld, recipe, rms, santa, sgfs, sghmc, sgld, sgnht, sgrld
 from ppl_sgmcmc.rules._types import Array
 
 
@@ -104,8 +104,10 @@ __all__ = [
     "csgld",
     "has_momentum",
     "psgld",
+    "recipe",
     "refresh_momentum",
     "rms",
+    "santa",
     "sgfs",
     "sghmc",
     "sgld",
