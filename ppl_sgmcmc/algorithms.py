@@ -46,6 +46,7 @@ __all__ = [
     "CSGLD",
     "FIND_MODE_STEPS",
     "INTEGRATORS",
+    "MAX_DENSE_DIM",
     "PSGLD",
     "Recipe",
     "SGFS",
@@ -63,6 +64,8 @@ INTEGRATORS = ("splitting", "euler")  # SGHMC's, SGNHT's and CSGHMC's momentum i
 
 #: The optimiser steps of ``find_mode=True``.
 FIND_MODE_STEPS = 1000
+#: The most latent coordinates a dense preconditioner (``dense_mass=True``) accepts.
+MAX_DENSE_DIM = 5000
 
 
 class GibbsOptions(NamedTuple):
@@ -410,8 +413,21 @@ class Algorithm:
 
     def _laplace(self, hessian: Any) -> tuple[Any, Any]:
         """The Laplace preconditioner of a new chain's Hessian and its curvature in ``u``
-        (:func:`~ppl_sgmcmc.adaptation.from_hessian`, dense or diagonal by ``dense_mass``)."""
+        (:func:`~ppl_sgmcmc.adaptation.from_hessian`, dense or diagonal by ``dense_mass``); ``hessian`` may be
+        only the diagonal (then the curvature is NaN: the backend measures it)."""
         return adaptation.from_hessian(hessian, self._dense_mass)
+
+    def _exact_hessian(self, dim: int, limit: int) -> bool:
+        """Whether a new chain's Hessian is computed whole (``d`` Hessian-vector products per minibatch): with a
+        dense preconditioner, or up to ``limit`` coordinates; else only its diagonal is estimated. A dense
+        preconditioner is refused beyond :data:`MAX_DENSE_DIM` coordinates."""
+        if self._dense_mass and dim > MAX_DENSE_DIM:
+            raise ValueError(
+                f"{self.name}: dense_mass=True for {dim} latent coordinates needs a {dim}×{dim} Hessian and a "
+                f"matrix-vector product of that size at every step; the limit is {MAX_DENSE_DIM}. Use the diagonal "
+                "preconditioner (dense_mass=False)."
+            )
+        return self._dense_mass or dim <= limit
 
     def _initial_adaptation(self, position: Any, laplace: Any, probe: Any, rule_state: Any,
                             energy: Any) -> tuple[Any, Any]:  # fmt: skip

@@ -522,13 +522,18 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             flat = warmup.find_mode(gradient, target.draw, batch_state, flat, key_mode, self._find_mode_steps)
             init_params = self._unravel(flat)
         laplace = probe = None
-        if self._adapt_mass:
+        if self._adapt_mass and self._exact_hessian(flat.shape[0], warmup.EXACT_HESSIAN_MAX):
             batches = target.epoch(key_hessian, warmup.hessian_rows(target.data_size, flat.shape[0]))
             hessian, mean_gradient = warmup.hessian(gradient, batches, flat)
             laplace = self._laplace(hessian)
             if self._find_mode_steps:  # and a Newton step from the optimiser's end
                 flat = warmup.line_search(gradient, batches, flat, adaptation.newton_direction(hessian, mean_gradient))
                 init_params = self._unravel(flat)
+        elif self._adapt_mass:  # many coordinates: the Hessian's diagonal, and the curvature it leaves
+            batches = target.epoch(key_hessian, warmup.hessian_rows(target.data_size, 1))
+            key_diagonal, key_power = random.split(key_hessian)
+            pre, _ = self._laplace(warmup.hessian_diagonal(gradient, batches, flat, key_diagonal)[0])
+            laplace = pre, warmup.largest_curvature(gradient, batches, flat, pre.scale, key_power)
         if self._tune:
             rows = warmup.PROBE_BATCHES * max((n for _, n in getattr(target, "plate_sizes", {}).values()), default=1)
             probe = warmup.probe(gradient, target.epoch(key_probe, rows), flat)

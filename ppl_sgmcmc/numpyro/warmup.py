@@ -10,6 +10,9 @@ from a target (:mod:`~ppl_sgmcmc.numpyro.potential`), inside the kernel's compil
 * :func:`hessian`: the Hessian of the potential at a point and its gradient, the means over up to
   :data:`HESSIAN_ROWS` rows of the data drawn without replacement (all of them for smaller data sets),
   each by forward-over-reverse differentiation of the minibatch gradient.
+* :func:`hessian_diagonal` and :func:`largest_curvature`: with a diagonal preconditioner and more than
+  :data:`EXACT_HESSIAN_MAX` latent coordinates, Hutchinson's estimate of the Hessian's diagonal and the
+  largest curvature it leaves, by power iteration: one Hessian-vector product per minibatch instead of ``d``.
 * :func:`line_search`: the best fraction of the Newton step from the optimiser's end point
   (:func:`ppl_sgmcmc.adaptation.newton_direction`), on the Hessian's minibatches.
 * :func:`probe`: :data:`PROBE_BATCHES` minibatch gradients at one point, whose spread is the gradient
@@ -30,8 +33,8 @@ from jax import custom_batching, lax, random, vmap
 
 from ppl_sgmcmc.adaptation import NEWTON_FRACTIONS
 
-__all__ = ["FIND_MODE_FINAL_RATE", "FIND_MODE_RATE", "HESSIAN_ROWS", "PROBE_BATCHES", "find_mode", "hessian",
-           "hessian_rows", "line_search", "probe", "when"]
+__all__ = ["EXACT_HESSIAN_MAX", "FIND_MODE_FINAL_RATE", "FIND_MODE_RATE", "HESSIAN_ROWS", "PROBE_BATCHES", "find_mode",
+           "hessian", "hessian_diagonal", "hessian_rows", "largest_curvature", "line_search", "probe", "when"]
 
 #: Adam's learning rate at the start of :func:`find_mode` and, as a fraction of it, at the end.
 FIND_MODE_RATE, FIND_MODE_FINAL_RATE = 0.1, 0.01
@@ -41,6 +44,11 @@ HESSIAN_ROWS = 2**16
 HESSIAN_ENTRIES = 2**24
 #: The minibatch gradients of the noise probe.
 PROBE_BATCHES = 64
+#: With more latent coordinates than this, a diagonal preconditioner is built from an estimate of the Hessian's
+#: diagonal (:func:`hessian_diagonal`) rather than from the whole Hessian (``d`` products per minibatch).
+EXACT_HESSIAN_MAX = 1000
+#: The power iterations of :func:`largest_curvature`.
+POWER_ITERATIONS = 20
 
 GradientFn = Callable[[jax.Array, Any], Any]  # (flat position, batch) -> StochasticGradient
 
@@ -146,17 +154,80 @@ def line_search(gradient: GradientFn, batches: Any, flat: jax.Array, step: jax.A
     return candidates[jnp.argmin(jnp.where(jnp.isfinite(energies), energies, jnp.inf))]
 
 
-def hessian_rows(data_size: int, dim: int) -> int:
-    """How many rows :func:`hessian` averages over: all ``data_size`` up to :data:`HESSIAN_ROWS`, and at most
-    ``HESSIAN_ENTRIES / dim``.
+def hessian_diagonal(gradient: GradientFn, batches: Any, flat: jax.Array, rng_key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Hutchinson's estimate of the diagonal of the Hessian at ``flat``, ``E[z ⊙ (H z)]`` for Rademacher ``z``
+    (Hutchinson, "A stochastic estimator of the trace of the influence matrix for Laplacian smoothing splines",
+    Communications in Statistics 1990; Bekas, Kokiopoulou & Saad, "An estimator for the diagonal of a matrix",
+    Applied Numerical Mathematics 2007), one probe per minibatch of ``batches``, and the mean gradient: ``d``
+    times cheaper than :func:`hessian`. A diagonal Hessian is recovered exactly.
+
+    **Example**::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from ppl_sgmcmc.numpyro.warmup import hessian_diagonal
+        >>> from ppl_sgmcmc.rules import StochasticGradient
+        >>> def gradient(x, batch):  # U(x) = x₀² + 2 x₁²
+        ...     return StochasticGradient(x[0] ** 2 + 2 * x[1] ** 2, jnp.array([2 * x[0], 4 * x[1]]), None)
+        >>> diagonal, g = hessian_diagonal(gradient, jnp.arange(3), jnp.ones(2), jax.random.PRNGKey(0))
+        >>> diagonal.tolist(), g.tolist()
+        ([2.0, 4.0], [2.0, 4.0])
+    """
+    count = jax.tree.leaves(batches)[0].shape[0]
+
+    def body(totals, batch_and_key):
+        batch, key = batch_and_key
+        grad, hvp = jax.linearize(lambda x: gradient(x, batch).grad, flat)
+        z = random.rademacher(key, flat.shape, flat.dtype)
+        return (totals[0] + z * hvp(z), totals[1] + grad), None
+
+    zeros = jnp.zeros_like(flat)
+    (diagonal, g), _ = lax.scan(body, (zeros, zeros), (batches, random.split(rng_key, count)))
+    return diagonal / count, g / count
+
+
+def largest_curvature(gradient: GradientFn, batches: Any, flat: jax.Array, scale: jax.Array,
+                      rng_key: jax.Array) -> jax.Array:  # fmt: skip
+    """The largest curvature of the potential in the coordinates ``u = θ ⊘ scale``: the largest eigenvalue of
+    ``diag(scale) H diag(scale)`` at ``flat``, by :data:`POWER_ITERATIONS` power iterations with one
+    Hessian-vector product each, on the minibatches of ``batches`` in turn. What caps the step size when only
+    the Hessian's diagonal is known (:func:`hessian_diagonal`).
+
+    **Example** (``H = [[2, 1], [1, 2]]``: eigenvalues 3 and 1)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from ppl_sgmcmc.numpyro.warmup import largest_curvature
+        >>> from ppl_sgmcmc.rules import StochasticGradient
+        >>> H = jnp.array([[2.0, 1.0], [1.0, 2.0]])
+        >>> def gradient(x, batch):
+        ...     return StochasticGradient(x @ H @ x / 2, H @ x, None)
+        >>> round(float(largest_curvature(gradient, jnp.arange(4), jnp.zeros(2), jnp.ones(2), jax.random.PRNGKey(0))), 3)
+        3.0
+    """
+    count = jax.tree.leaves(batches)[0].shape[0]
+
+    def body(v, index):
+        batch = jax.tree.map(lambda b: b[index % count], batches)
+        _, hvp = jax.linearize(lambda x: gradient(x, batch).grad, flat)
+        w = scale * hvp(scale * v)
+        return w / jnp.linalg.norm(w), jnp.vdot(v, w)
+
+    v0 = random.normal(rng_key, flat.shape, flat.dtype)
+    _, rayleigh = lax.scan(body, v0 / jnp.linalg.norm(v0), jnp.arange(POWER_ITERATIONS))
+    return jnp.abs(rayleigh[-1])
+
+
+def hessian_rows(data_size: int, probes: int) -> int:
+    """How many rows the Hessian averages over, when each minibatch takes ``probes`` Hessian-vector products
+    (``d`` for :func:`hessian`, 1 for :func:`hessian_diagonal`): all ``data_size`` up to :data:`HESSIAN_ROWS`,
+    and at most ``HESSIAN_ENTRIES / probes``.
 
     **Example**::
 
         >>> from ppl_sgmcmc.numpyro.warmup import hessian_rows
-        >>> hessian_rows(32561, 123), hessian_rows(10**7, 20), hessian_rows(60000, 10**4)
-        (32561, 65536, 1677)
+        >>> hessian_rows(32561, 123), hessian_rows(10**7, 20), hessian_rows(60000, 10**4), hessian_rows(60000, 1)
+        (32561, 65536, 1677, 60000)
     """
-    return max(1, min(data_size, HESSIAN_ROWS, HESSIAN_ENTRIES // dim))
+    return max(1, min(data_size, HESSIAN_ROWS, HESSIAN_ENTRIES // probes))
 
 
 def probe(gradient: GradientFn, batches: Any, flat: jax.Array) -> Any:

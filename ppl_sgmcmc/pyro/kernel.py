@@ -468,7 +468,12 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if self._find_mode_steps:
             flat = warmup.find_mode(target, flat, self._generator, self._find_mode_steps, score_kind)
         laplace = probe = None
-        if self._adapt_mass:
+        if self._adapt_mass and not self._exact_hessian(flat.shape[0], warmup.EXACT_HESSIAN_MAX):
+            # many coordinates: the Hessian's diagonal, and the curvature it leaves
+            batches = target.epoch(self._generator, warmup.hessian_rows(target.data_size, 1))
+            pre, _ = self._laplace(warmup.hessian_diagonal(target, flat, batches, self._generator)[0])
+            laplace = pre, warmup.largest_curvature(target, flat, batches, pre.scale, self._generator)
+        elif self._adapt_mass:
             batches = target.epoch(self._generator, warmup.hessian_rows(target.data_size, flat.shape[0]))
             hessian, mean_gradient = warmup.hessian(target, flat, batches)
             laplace = self._laplace(hessian)

@@ -9,6 +9,8 @@ The Pyro twin of :mod:`ppl_sgmcmc.numpyro.warmup` (same constants, same semantic
 * :func:`hessian`: the means of the minibatch Hessians and gradients over the target's :meth:`epoch`
   batches, each Hessian by a double backward pass through the model run eagerly (``torch.autograd.grad``
   with ``create_graph``, then one batched backward pass for all ``d`` columns).
+* :func:`hessian_diagonal` and :func:`largest_curvature`: Hutchinson's estimate of the Hessian's diagonal and
+  the curvature it leaves, for a diagonal preconditioner of many latent coordinates.
 * :func:`line_search`: the best fraction of the Newton step from the optimiser's end point, on the Hessian's
   minibatches.
 * :func:`probe`: :data:`~ppl_sgmcmc.numpyro.warmup.PROBE_BATCHES` minibatch gradients at one point,
@@ -22,10 +24,18 @@ from typing import Any
 import torch
 
 from ppl_sgmcmc.adaptation import NEWTON_FRACTIONS
-from ppl_sgmcmc.numpyro.warmup import FIND_MODE_FINAL_RATE, FIND_MODE_RATE, PROBE_BATCHES, hessian_rows
+from ppl_sgmcmc.numpyro.warmup import (
+    EXACT_HESSIAN_MAX,
+    FIND_MODE_FINAL_RATE,
+    FIND_MODE_RATE,
+    POWER_ITERATIONS,
+    PROBE_BATCHES,
+    hessian_rows,
+)
 from ppl_sgmcmc.rules import StochasticGradient
 
-__all__ = ["PROBE_BATCHES", "find_mode", "hessian", "hessian_rows", "line_search", "probe"]
+__all__ = ["EXACT_HESSIAN_MAX", "PROBE_BATCHES", "find_mode", "hessian", "hessian_diagonal", "hessian_rows",
+           "largest_curvature", "line_search", "probe"]
 
 
 def find_mode(target: Any, flat: torch.Tensor, generator: torch.Generator, steps: int, score_kind: Any) -> torch.Tensor:
@@ -96,6 +106,68 @@ def hessian(target: Any, flat: torch.Tensor, batches: list[Any]) -> tuple[torch.
         if rows is not None:
             total += rows.detach()
     return total / len(batches), total_grad / len(batches)
+
+
+def _hvp(target: Any, flat: torch.Tensor, batch: Any, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(∇Ũ(flat), ∇²Ũ(flat) v)`` on ``batch``, by a double backward pass."""
+    with torch.enable_grad():
+        x = flat.detach().requires_grad_()
+        (grad,) = torch.autograd.grad(target.differentiable_energy(x, batch), x, create_graph=True)
+        if not grad.requires_grad:  # the energy is linear in x
+            return grad.detach(), torch.zeros_like(flat)
+        (hv,) = torch.autograd.grad(grad, x, grad_outputs=v, allow_unused=True)
+    return grad.detach(), torch.zeros_like(flat) if hv is None else hv.detach()
+
+
+def hessian_diagonal(target: Any, flat: torch.Tensor, batches: list[Any],
+                     generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Hutchinson's estimate of the Hessian's diagonal, one Rademacher probe per minibatch, and the mean gradient
+    (see :func:`ppl_sgmcmc.numpyro.warmup.hessian_diagonal`).
+
+    **Example**::
+
+        >>> import torch
+        >>> from ppl_sgmcmc.pyro.potential import PotentialTarget
+        >>> from ppl_sgmcmc.pyro.warmup import hessian_diagonal
+        >>> target = PotentialTarget(lambda z: z["x"][0] ** 2 + 2 * z["x"][1] ** 2, "SGLD")
+        >>> target.set_layout({"x": torch.zeros(2)})
+        >>> diagonal, g = hessian_diagonal(target, torch.ones(2), [None] * 3, torch.Generator().manual_seed(0))
+        >>> diagonal.tolist(), g.tolist()
+        ([2.0, 4.0], [2.0, 4.0])
+    """
+    diagonal, total = torch.zeros_like(flat), torch.zeros_like(flat)
+    for batch in batches:
+        z = 2.0 * torch.randint(0, 2, flat.shape, generator=generator).to(flat.dtype) - 1.0
+        grad, hv = _hvp(target, flat, batch, z)
+        diagonal += z * hv
+        total += grad
+    return diagonal / len(batches), total / len(batches)
+
+
+def largest_curvature(target: Any, flat: torch.Tensor, batches: list[Any], scale: torch.Tensor,
+                      generator: torch.Generator) -> torch.Tensor:  # fmt: skip
+    """The largest eigenvalue of ``diag(scale) H diag(scale)`` by power iteration, one Hessian-vector product per
+    iteration on the minibatches in turn (see :func:`ppl_sgmcmc.numpyro.warmup.largest_curvature`).
+
+    **Example** (``H = [[2, 1], [1, 2]]``: eigenvalues 3 and 1)::
+
+        >>> import torch
+        >>> from ppl_sgmcmc.pyro.potential import PotentialTarget
+        >>> from ppl_sgmcmc.pyro.warmup import largest_curvature
+        >>> H = torch.tensor([[2.0, 1.0], [1.0, 2.0]])
+        >>> target = PotentialTarget(lambda z: z["x"] @ H @ z["x"] / 2, "SGLD")
+        >>> target.set_layout({"x": torch.zeros(2)})
+        >>> round(float(largest_curvature(target, torch.zeros(2), [None], torch.ones(2), torch.Generator().manual_seed(0))), 3)
+        3.0
+    """
+    v = torch.randn(flat.shape, generator=generator, dtype=flat.dtype)
+    v = v / v.norm()
+    rayleigh = torch.zeros((), dtype=flat.dtype)
+    for iteration in range(POWER_ITERATIONS):
+        w = scale * _hvp(target, flat, batches[iteration % len(batches)], scale * v)[1]
+        rayleigh = torch.dot(v, w)
+        v = w / w.norm()
+    return rayleigh.abs()
 
 
 def line_search(target: Any, flat: torch.Tensor, batches: list[Any], step: torch.Tensor, score_kind: Any) -> torch.Tensor:
