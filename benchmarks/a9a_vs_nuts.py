@@ -21,6 +21,13 @@ NumPyro's NUTS on the full data (dense mass matrix; 4 chains of 1000 warm-up and
   coordinates), next to that of 300 NUTS draws in the same coordinates;
 * **wall clock** of the SG-MCMC run (compilation, mode finding and warm-up included) against NUTS's.
 
+``--warmup-cost`` measures instead what the warm-up costs: the main job's run once with a single kept draw
+(``THIN`` steps after the warm-up) and once in full, in one process, with JAX's tracing, lowering and compilation
+time taken out of each (``jax.monitoring``'s compile events). The full run's time less the short run's is the
+sampling of ``SAMPLE_STEPS - THIN`` steps; the short run's time less its compilation and ``THIN`` such steps
+is the warm-up (mode finding, the Laplace preconditioner's Hessian, the adaptation windows and their 20 000
+steps), reported as a fraction of the whole run and against what 20 000 plain sampling steps cost.
+
 The NUTS reference is cached as summaries (:data:`NUTS_CACHE`: per-weight mean, sd and covariance, each test
 row's predictive mean, sd and effective sample sizes, the same for each half of the chains, 300 thinned draws
 for the KSD, ``p_loo`` and ``elpd_loo``, the run's settings and wall clock); ``benchmarks/hands_off.py`` reuses
@@ -33,9 +40,10 @@ Usage (from the repository root)::
     .venv/bin/python -m benchmarks.a9a_vs_nuts --quick           # 4k warm-up + 40k steps, KSD on 100 draws, ~40 s
     .venv/bin/python -m benchmarks.a9a_vs_nuts --refresh-nuts    # rerun NUTS first (~16 min) and re-cache it
     .venv/bin/python -m benchmarks.a9a_vs_nuts --nuts-draws draws.npz --nuts-seconds 942   # cache saved draws
+    .venv/bin/python -m benchmarks.a9a_vs_nuts --warmup-cost     # the warm-up's share of the run, ~3 min
 
 Prints the tables for ``RESULTS.md`` and writes ``benchmarks/results/a9a_vs_nuts.json``
-(``a9a_vs_nuts_quick.json`` with ``--quick``).
+(``a9a_vs_nuts_quick.json`` with ``--quick``, ``a9a_vs_nuts_warmup_cost.json`` with ``--warmup-cost``).
 """
 
 from __future__ import annotations
@@ -199,6 +207,41 @@ def run_main_job(X: np.ndarray, y: np.ndarray, warmup: int, samples: int, thin: 
     return mcmc, time.perf_counter() - start
 
 
+#: JAX's events whose durations are compilation rather than computation (tracing, lowering, XLA's compiler).
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")  # fmt: skip
+
+
+def timed_main_job(X: np.ndarray, y: np.ndarray, samples: int) -> dict[str, float]:
+    """The main job's run with ``samples`` kept steps: its wall clock and the part of it JAX spent compiling."""
+    compile_seconds = [0.0]
+
+    def listener(event: str, duration_secs: float, **kwargs: Any) -> None:
+        if event in COMPILE_EVENTS:
+            compile_seconds[0] += duration_secs
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        _, seconds = run_main_job(X, y, WARMUP_STEPS, samples, THIN)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return {"seconds": seconds, "compile_seconds": compile_seconds[0], "sample_steps": samples}
+
+
+def warmup_cost(X: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """The warm-up's cost in the main job (see the module docstring): a run with one kept draw, then the full
+    run, each without its compilation time."""
+    short = timed_main_job(X, y, THIN)
+    full = timed_main_job(X, y, SAMPLE_STEPS)
+    short_run, full_run = (r["seconds"] - r["compile_seconds"] for r in (short, full))
+    per_step = (full_run - short_run) / (SAMPLE_STEPS - THIN)
+    warmup = short_run - THIN * per_step
+    return {"short": short, "full": full, "seconds_per_sampling_step": per_step, "warmup_seconds": warmup,
+            "sampling_seconds": SAMPLE_STEPS * per_step, "warmup_fraction_of_run": warmup / full["seconds"],
+            "warmup_fraction_without_compile": warmup / full_run,
+            "warmup_over_plain_steps": warmup / (WARMUP_STEPS * per_step)}  # fmt: skip
+
+
 def compare_predictions(run: dict[str, np.ndarray], ref: dict[str, Any]) -> dict[str, float]:
     """The predictive-probability numbers of the module docstring, measured and as Monte Carlo error predicts."""
     normal = NormalDist()
@@ -215,6 +258,7 @@ def compare_predictions(run: dict[str, np.ndarray], ref: dict[str, Any]) -> dict
         "mc_err_median": float(np.median(mc)),
         "mc_expected_err_median": float(np.median(mc) * normal.inv_cdf(0.75)),
         "mc_expected_frac_over_0.1": float(np.mean(2 * (1 - cdf(0.1 / mc)))),
+        "mc_expected_err_p95": float(np.percentile(np.abs(np.random.default_rng(0).normal(size=mc.size)) * mc, 95)),
         "z_sd": float(np.std(z)), "z_frac_over_3": float(np.mean(np.abs(z) > 3)),
         "sd_ratio_median": float(np.median(ratio)), "sd_ratio_p5": float(np.percentile(ratio, 5)),
         "sd_ratio_p95": float(np.percentile(ratio, 95)),
@@ -235,6 +279,7 @@ def main() -> None:
     parser.add_argument("--nuts-warmup", type=int, default=1000)
     parser.add_argument("--nuts-samples", type=int, default=1000)
     parser.add_argument("--nuts-seed", type=int, default=1)
+    parser.add_argument("--warmup-cost", action="store_true", help="time the warm-up against the sampling (~3 min)")
     args = parser.parse_args()
     warmup, samples, thin, ksd_draws = (4_000, 40_000, 100, 100) if args.quick else (WARMUP_STEPS, SAMPLE_STEPS,
                                                                                      THIN, KSD_DRAWS)  # fmt: skip
@@ -242,6 +287,20 @@ def main() -> None:
     X, y, X_test, y_test = load_a9a()
     print(f"jax {jax.__version__}, numpyro {numpyro.__version__}, arviz {az.__version__}; {machine()}; "
           f"a9a {X.shape[0]} training rows, {X_test.shape[0]} test rows, {X.shape[1]} features", flush=True)  # fmt: skip
+    if args.warmup_cost:
+        cost = warmup_cost(X, y)
+        cost["settings"] = {"date": datetime.date.today().isoformat(), "machine": machine(),
+                            "warmup_steps": WARMUP_STEPS, "sample_steps": SAMPLE_STEPS, "thin": THIN}  # fmt: skip
+        out = RESULTS / "a9a_vs_nuts_warmup_cost.json"
+        out.write_text(json.dumps(cost, indent=1) + "\n")
+        short, full = cost["short"], cost["full"]
+        print(f"one kept draw: {short['seconds']:.1f} s ({short['compile_seconds']:.1f} s compiling); full run: "
+              f"{full['seconds']:.1f} s ({full['compile_seconds']:.1f} s compiling)\n"
+              f"warm-up (mode finding, Hessian, {WARMUP_STEPS:,} adapting steps): {cost['warmup_seconds']:.1f} s = "
+              f"{cost['warmup_fraction_of_run']:.1%} of the run ({cost['warmup_fraction_without_compile']:.1%} "
+              f"without compiling), {cost['warmup_over_plain_steps']:.2f}x {WARMUP_STEPS:,} sampling steps; "
+              f"sampling {SAMPLE_STEPS:,} steps: {cost['sampling_seconds']:.1f} s\nwrote {os.path.relpath(out)}")  # fmt: skip
+        return
 
     if args.refresh_nuts or args.nuts_draws is not None or not NUTS_CACHE.exists():
         nuts_settings = {"num_warmup": args.nuts_warmup, "num_samples": args.nuts_samples, "seed": args.nuts_seed,
@@ -320,7 +379,7 @@ def main() -> None:
     print("\nTest-set predictive probabilities (16 281 rows), against NUTS:\n")
     print("| | measured | Monte Carlo error alone predicts |\n|---|---:|---:|")
     print(f"| \\|mean - NUTS\\| / NUTS sd, median | {pred['mean_err_median']:.3f} | {pred['mc_expected_err_median']:.3f} |")
-    print(f"| ... 95th percentile | {pred['mean_err_p95']:.3f} | |")
+    print(f"| ... 95th percentile | {pred['mean_err_p95']:.3f} | {pred['mc_expected_err_p95']:.3f} |")
     print(f"| ... fraction of rows above 0.1 | {pred['mean_err_frac_over_0.1']:.2%} | "
           f"{pred['mc_expected_frac_over_0.1']:.2%} |")  # fmt: skip
     print(f"| standardised difference z: sd, fraction beyond 3 | {pred['z_sd']:.2f}, {pred['z_frac_over_3']:.2%} "

@@ -28,7 +28,9 @@ For every kernel this measures, in one process and side by side:
 Then: the progress-bar path (``progress_bar=True``, one chain, which numpyro runs as a Python loop
 with one jitted step and one ``get_diagnostics_str`` call per iteration; tqdm writes to
 ``/dev/null``), with one SG-MCMC step per draw and with ``steps_per_sample=20`` (twenty steps per
-Python iteration; rates counted in SG-MCMC steps); vectorised chains (``num_chains=4, chain_method="vectorized"``) for
+Python iteration; rates counted in SG-MCMC steps) and with ``ppl_sgmcmc.numpyro.MCMC`` (the kernel updates the
+bar from inside NumPyro's compiled loop; against ``progress_bar=False`` timed alongside); vectorised chains
+(``num_chains=4, chain_method="vectorized"``) for
 SGNHT against a ``vmap``-ped scan loop; the kernel's ``sample`` vs the hand-written step in a bare ``lax.scan``;
 and jaxpr / optimised-HLO op counts of one step.
 
@@ -43,6 +45,8 @@ Usage (from the repository root)::
     PYTHONPATH=. python benchmarks/throughput.py --quick     # smoke test, ~30-60 s
     PYTHONPATH=. python benchmarks/throughput.py --steps 40000 --rounds 4
     PYTHONPATH=. python benchmarks/throughput.py --pyro-only --rounds 3   # the Pyro rows only
+    PYTHONPATH=. python benchmarks/throughput.py --repeated-runs  # compilation of repeated runs, ~3 min
+    PYTHONPATH=. python benchmarks/throughput.py --health-callback  # the in-loop health report's cost, ~1 min
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from functools import partial
 
 # The machine is small (2 cores) and the per-step work is tiny (a 100x123 mat-vec); XLA's default
@@ -73,6 +78,7 @@ from numpyro.infer import MCMC  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from models.datasets import load_a9a  # noqa: E402
 from ppl_sgmcmc.algorithms import call_kwargs  # noqa: E402
+from ppl_sgmcmc.numpyro import MCMC as InLoopBarMCMC  # noqa: E402
 from ppl_sgmcmc.numpyro import PSGLD, SGHMC, SGLD, SGNHT  # noqa: E402
 from ppl_sgmcmc.rules import StochasticGradient, psgld, sghmc, sgld, sgnht  # noqa: E402
 
@@ -194,14 +200,18 @@ CLOCK = None
 LOOP_FUNCTIONS = ("jit(_fori_collect_loop)", "jit(_body_fn)")
 
 
-def time_mcmc(make_kernel, X, y, num_samples, seed=0, **mcmc_kwargs):
+def time_mcmc(make_kernel, X, y, num_samples, seed=0, mcmc_class=MCMC, **mcmc_kwargs):
     """One fresh ``MCMC.run`` (+ ``get_samples``): ``(wall time, compile time, sampling time, mcmc)``.
 
     The sampling time runs from the end of the last compilation of the loop (``LOOP_FUNCTIONS``)
     to the end of the run. Without a progress bar the loop is dispatched asynchronously, so the
     small compilations numpyro does afterwards (reshapes of the collected samples) overlap it;
-    with a progress bar the loop is synchronous, and they are subtracted."""
-    mcmc = MCMC(make_kernel(), num_warmup=0, num_samples=num_samples, **mcmc_kwargs)
+    with numpyro's progress bar the loop is synchronous, and they are subtracted. ``mcmc_class``:
+    ``numpyro.infer.MCMC`` or ``ppl_sgmcmc.numpyro.MCMC`` (whose bar is drawn from inside the compiled
+    loop: nothing subtracted)."""
+    mcmc = mcmc_class(make_kernel(), num_warmup=0, num_samples=num_samples, **mcmc_kwargs)
+    if mcmc_kwargs.get("progress_bar", True):
+        mcmc.progress_bar = True  # numpyro turns it off when it sees a CI or pytest-xdist environment
     sink = open(os.devnull, "w")  # tqdm writes to sys.stderr as it is when the bar is created
     with CLOCK.measure() as clock, contextlib.redirect_stderr(sink):
         start = time.perf_counter()
@@ -214,7 +224,7 @@ def time_mcmc(make_kernel, X, y, num_samples, seed=0, **mcmc_kwargs):
         raise RuntimeError(f"no compilation of {LOOP_FUNCTIONS} seen: {[c[1] for c in clock.compiles]}")
     last = loop_end_compile[-1]
     sampling = end - clock.compiles[last][0]
-    if mcmc_kwargs.get("progress_bar", True):
+    if mcmc_kwargs.get("progress_bar", True) and mcmc_class is MCMC:
         sampling -= sum(duration for _, _, duration in clock.compiles[last + 1 :])
     return end - start, clock.total, sampling, mcmc
 
@@ -692,6 +702,89 @@ def pyro_section(steps, rounds, quick):
     return rows
 
 
+def repeated_runs_section():
+    """Compilation paid by repeated runs of one model (``ppl_sgmcmc.numpyro.MCMC`` without a progress bar, whose
+    loop has no host callback and can be cached; a9a, SGLD with a given and
+    with a tuned step size, 200 warm-up and 2000 draws): a first run, a second ``run`` of the same object, a
+    resumed chain (``post_warmup_state``); without and then with JAX's persistent compilation cache (a fresh
+    temporary directory, entries of 0.5 s of compilation or more), whose hits and misses are counted. The
+    global configuration is restored afterwards."""
+    import tempfile
+
+    from jax.experimental.compilation_cache import compilation_cache
+
+    X_np, y_np, _, _ = load_a9a()
+    X, y = jnp.asarray(X_np), jnp.asarray(y_np)
+    events = []
+    jax.monitoring.register_event_duration_secs_listener(lambda e, d, **kw: events.append((e, d)))
+    jax.monitoring.register_event_listener(lambda e, **kw: events.append((e, 0.0)))
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = {name: getattr(jax.config, name) for name in names}
+    print()
+    print("## Repeated runs: compilation (a9a, 200 warm-up + 2000 draws; seconds)")
+    print()
+    print("| persistent cache | step size | run | wall | trace + lowering | XLA compilation | cache hits | misses |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as cache_dir:
+        for cache in (False, True):
+            compilation_cache.reset_cache()
+            jax.config.update("jax_compilation_cache_dir", cache_dir if cache else None)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+            for h in (5e-6, None):
+                mcmc = InLoopBarMCMC(SGLD(model, step_size=h), num_warmup=200, num_samples=2000, progress_bar=False)
+                for label in ("first run", "second run", "resumed"):
+                    if label == "resumed":
+                        mcmc.post_warmup_state = mcmc.last_state
+                    key = mcmc.last_state.rng_key if label == "resumed" else random.PRNGKey(len(label))
+                    events.clear()
+                    start = time.perf_counter()
+                    mcmc.run(key, X, y)
+                    jax.block_until_ready(mcmc.get_samples())
+                    wall = time.perf_counter() - start
+
+                    def total(*suffixes):
+                        return sum(d for e, d in events if e.endswith(suffixes))
+
+                    count = {k: sum(e.endswith(k) for e, _ in events) for k in ("cache_hits", "cache_misses")}
+                    print(f"| {'on' if cache else 'off'} | {'tuned' if h is None else h} | {label} | {wall:.2f} "
+                          f"| {total('jaxpr_trace_duration', 'jaxpr_to_mlir_module_duration'):.2f} "
+                          f"| {total('backend_compile_duration'):.2f} | {count['cache_hits']} "
+                          f"| {count['cache_misses']} |", flush=True)
+    for name, value in before.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
+def health_callback_section(X, y, steps=20000, repeats=9):
+    """The in-loop health report's cost: ``kernel.sample`` of the a9a model in a bare ``lax.scan`` of ``steps``
+    steps (given step size), compiled with the health checks' host callback (as under ``numpyro.infer.MCMC``)
+    and without it (as under ``ppl_sgmcmc.numpyro.MCMC``, which reports after the run), timed round-robin."""
+    print()
+    print(f"## The health report's host callback in the loop (a9a, bare scan of {steps} steps, best of {repeats})")
+    print()
+    print("| kernel | with callback (steps/s) | without (steps/s) | cost |")
+    print("|---|---:|---:|---:|")
+    for name, make in (("SGLD", SGLD), ("SGNHT", SGNHT)):
+        fns = {}
+        for callback in (True, False):
+            kernel = make(model, step_size=1e-4)
+            state = kernel.init(random.PRNGKey(0), 0, None, (X, y), {})
+            kernel._reports_after_run = not callback  # what `ppl_sgmcmc.numpyro.MCMC` sets during its runs
+
+            def run(state, kernel=kernel):
+                def body(s, _):
+                    s = kernel.sample(s, (X, y), {})
+                    return s, s.z["w"][0]
+
+                return lax.scan(body, state, None, length=steps)
+
+            fns[callback] = (jax.jit(run), state)
+        with warnings.catch_warnings():  # the step size is too large for the noise: the callback says so
+            warnings.simplefilter("ignore", RuntimeWarning)
+            rates = interleaved_rates(fns, steps, repeats)
+        print(f"| {name} | {fmt(rates[True])} | {fmt(rates[False])} | {rates[False] / rates[True]:.2f}x |", flush=True)
+
+
 def machine_info():
     cpu = "unknown"
     try:
@@ -730,6 +823,10 @@ def main(argv=None):
                              "each baseline is timed once per round plus once before")
     parser.add_argument("--pyro", action="store_true", help="add the Pyro backend's rows (torch loop vs Pyro MCMC)")
     parser.add_argument("--pyro-only", action="store_true", help="only the Pyro rows (~2-4 min)")
+    parser.add_argument("--health-callback", action="store_true",
+                        help="only the cost of the health report's host callback in the compiled loop (~1 min)")
+    parser.add_argument("--repeated-runs", action="store_true",
+                        help="only the compilation of repeated runs, without and with JAX's persistent cache")
     parser.add_argument("--pyro-steps", type=int, default=None, help=f"steps per Pyro run (default {PYRO_STEPS})")
     args = parser.parse_args(argv)
     pyro_steps = args.pyro_steps or (1000 if args.quick else PYRO_STEPS)
@@ -755,6 +852,14 @@ def main(argv=None):
           f"baselines: best of {repeats} timed calls")
     print(flush=True)
 
+    if args.health_callback:
+        health_callback_section(jnp.asarray(X), jnp.asarray(y))
+        print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s")
+        return
+    if args.repeated_runs:
+        repeated_runs_section()
+        print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s")
+        return
     if args.pyro_only:
         pyro_section(pyro_steps, rounds, args.quick)
         print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s; load average at the end "
@@ -839,8 +944,8 @@ def main(argv=None):
     print(f"## Progress bar, one chain (MCMC runs of {pbar_steps} and {2 * pbar_steps} draws; rates in SG-MCMC steps/s)")
     print()
     print("| kernel | progress_bar=False | progress_bar=True | slowdown "
-          f"| True, steps_per_sample={AMORTISE} | slowdown |")
-    print("|---|---:|---:|---:|---:|---:|")
+          f"| True, steps_per_sample={AMORTISE} | slowdown | ppl_sgmcmc.numpyro.MCMC, progress_bar=True | slowdown |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for spec in specs:
         label, make_kernel = spec[0], spec[1]
         if label not in (("SGLD",) if args.quick else QUICK_KERNELS):
@@ -849,10 +954,17 @@ def main(argv=None):
         amortised = steady_rate(partial(make_kernel, steps_per_sample=AMORTISE), X, y, pbar_steps // AMORTISE,
                                 rounds=rounds, progress_bar=True)
         amortised_rate = AMORTISE * amortised["rate"]
+        # the in-loop bar against progress_bar=False in the same stretch of time, run for run
+        off, in_loop = 0.0, 0.0
+        for _ in range(rounds):
+            off = max(off, steady_rate(make_kernel, X, y, steps, rounds=1, progress_bar=False)["rate"])
+            in_loop = max(in_loop, steady_rate(make_kernel, X, y, steps, rounds=1, progress_bar=True,
+                                               mcmc_class=InLoopBarMCMC)["rate"])
         base = by_label[label]["ours"]
         print(
             f"| {label} | {fmt(base)} | {fmt(on['rate'])} | {fmt(base / on['rate'], '.1f')}× "
-            f"| {fmt(amortised_rate)} | {fmt(base / amortised_rate, '.2f')}× |",
+            f"| {fmt(amortised_rate)} | {fmt(base / amortised_rate, '.2f')}× "
+            f"| {fmt(in_loop)} | {fmt(off / in_loop, '.2f')}× (vs {fmt(off)} alongside) |",
             flush=True,
         )
 

@@ -400,11 +400,12 @@ def from_hessian(hessian: Array, dense: bool) -> tuple[Preconditioner, Array]:
 NEWTON_RADIUS = 10.0
 
 
-def newton_direction(hessian: Array, gradient: Array) -> Array:
+def newton_direction(hessian: Array, gradient: Array, radius: Any = NEWTON_RADIUS) -> Array:
     """The Newton step ``H'⁻¹ g`` with the regularised Hessian ``H'`` of :func:`from_hessian` (dense): from a
     point near a mode, ``θ - H'⁻¹ g`` is the mode of the Laplace approximation. The step is shortened to at most
-    :data:`NEWTON_RADIUS` ``sqrt(d)`` in the whitened coordinates of ``H'`` (the typical set of a Gaussian lies
-    at about ``sqrt(d)``), and is zero if it is not finite. Where the posterior is not close to a Gaussian (a
+    ``radius sqrt(d)`` in the whitened coordinates of ``H'`` (the typical set of a Gaussian lies at about
+    ``sqrt(d)``; the backends start at :data:`NEWTON_RADIUS` and widen it while full steps succeed, a trust
+    region), and is zero if it is not finite. Where the posterior is not close to a Gaussian (a
     neural network, a point far from the mode) the step can overshoot: the backends take the best of a few
     fractions of it on the Hessian's own minibatches (a line search with common random numbers).
 
@@ -421,7 +422,7 @@ def newton_direction(hessian: Array, gradient: Array) -> Array:
     pre, _ = from_hessian(hessian, dense=True)
     whitened = _pull(pre, gradient)  # Lᵀ g, the step's length in the whitened coordinates
     length = xp.sqrt(xp.sum(xp.multiply(whitened, whitened)))
-    limit = NEWTON_RADIUS * gradient.shape[0] ** 0.5
+    limit = radius * gradient.shape[0] ** 0.5
     shrink = xp.where(length > limit, limit / length, xp.ones_like(length))
     step = to_theta(pre, whitened) * shrink
     return xp.where(xp.all(xp.isfinite(step)), step, xp.zeros_like(step))
@@ -429,6 +430,13 @@ def newton_direction(hessian: Array, gradient: Array) -> Array:
 
 #: The fractions of the Newton step the backends' line search tries (besides no step).
 NEWTON_FRACTIONS = (1.0, 0.25, 0.0625)
+#: The most Newton steps (each with its line search) from the optimiser's end: several, so that a start the
+#: optimiser left far from the mode (many times :data:`NEWTON_RADIUS` ``sqrt(d)`` posterior sds) still reaches it.
+NEWTON_ITERATIONS = 8
+#: The factor by which the Newton steps' radius grows after a step whose full length was best (a trust region).
+NEWTON_GROWTH = 4.0
+#: The Newton steps stop once one moved less than this many posterior sds (its length in the Hessian's metric).
+NEWTON_TOLERANCE = 0.01
 
 
 def to_u(pre: Preconditioner, theta: Array) -> Array:

@@ -1314,13 +1314,18 @@ class SGFS(Algorithm):
         hierarchical model's group mean and scale) gets a clear error instead."""
         if not (isinstance(self._options["B"], str) and self._options["B"] == "fisher"):
             return
-        silent = np.flatnonzero(~np.any(np.asarray(per_example) != 0, axis=0))
+        per_example = np.asarray(per_example)
+        silent = np.flatnonzero(~np.any(per_example != 0, axis=0))
         if silent.size:
             names = sorted({sites[k] for k in silent})
             raise ValueError(
-                f"{self.name}: the latent site(s) {', '.join(map(repr, names))} do not enter the likelihood (their "
-                "per-datum scores are zero), so SGFS's Fisher estimate, which ignores the prior, is singular along "
-                "them. Use another kernel (SGNHT, SGLD), or give a positive definite `B` and a finite `step_size`."
+                f"{self.name}: the per-datum scores of {silent.size} coordinate(s) of the latent site(s) "
+                f"{', '.join(map(repr, names))} are zero in all {per_example.shape[0]} rows of a minibatch near the "
+                "start: these coordinates do not enter the likelihood (a latent only in the prior, such as a "
+                "hierarchical model's group mean or scale), or only through rows that minibatches rarely contain "
+                "(sparse features). Either way SGFS's Fisher estimate, which ignores the prior, is singular or "
+                "nearly so along them, and its steps there are unbounded. Use another kernel (SGNHT, SGLD), or "
+                "give a positive definite `B` and a finite `step_size`."
             )
 
     def _check_dimension(self, target: Any, dim: int) -> None:

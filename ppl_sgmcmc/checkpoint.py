@@ -184,7 +184,7 @@ def load(checkpoint: str | os.PathLike[str]) -> az.InferenceData:
         ...                extra_fields=("potential_energy",), checkpoint=tmp.name, checkpoint_every=10)
         >>> idata = checkpoint.load(tmp.name)
         >>> idata.posterior["x"].shape, sorted(idata.sample_stats.data_vars)
-        ((1, 30, 2), ['diverging', 'minibatch_lp', 'noise_ratio', 'step_size'])
+        ((1, 30, 2), ['diverging', 'minibatch_lp', 'noise_ratio', 'noise_variance', 'step_size'])
         >>> tmp.cleanup()
     """
     import arviz as az

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
 
+from array_api_compat import array_namespace, device
+
 from ppl_sgmcmc.rules import StochasticGradient
 
 __all__ = ["ESTIMATORS", "GradFn", "GradientEstimator", "control_variates", "minibatch", "svrg"]
@@ -181,8 +183,12 @@ def _minibatch_estimate(state: Any, position: Any, minibatch_grad_fn: GradFn, st
 
 
 def _centre_init(centre: Any, position: Any, full_grad_fn: GradFn) -> Centre:
-    """The centre (``position`` unless one was given) and the full-data gradient there."""
-    centre = position if centre is None else centre
+    """The centre (``position`` unless one was given, as an array of ``position``'s namespace, dtype and device)
+    and the full-data gradient there."""
+    if centre is None:
+        centre = position
+    else:
+        centre = array_namespace(position).asarray(centre, dtype=position.dtype, device=device(position))
     full = full_grad_fn(centre)
     return Centre(centre, full.energy, full.grad, full.score)
 

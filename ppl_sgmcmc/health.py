@@ -251,5 +251,5 @@ class Reporter:
         """Warn for each failed check not yet reported in this run."""
         for kind, flag in zip(KINDS, flags):
             if bool(flag) and kind not in self.reported:
-                self.reported.add(kind)
                 warnings.warn(message(self.kernel, kind, values), RuntimeWarning, stacklevel=2)
+                self.reported.add(kind)  # after the warning: one a filter raised as an error is raised again

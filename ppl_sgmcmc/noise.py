@@ -33,7 +33,7 @@ from array_api_compat import array_namespace
 
 from ppl_sgmcmc.rules._types import Array
 
-__all__ = ["HORIZON", "NoiseState", "init", "ratio", "rescale", "update"]
+__all__ = ["HORIZON", "NoiseState", "init", "ratio", "rescale", "trace", "update"]
 
 #: The running estimate averages about this many steps (an exponential average with weight 1/HORIZON,
 #: after a plain mean of the first HORIZON steps).
@@ -135,4 +135,24 @@ def ratio(state: NoiseState, step_size: Any, temperature: Any) -> Array:
     """
     xp = array_namespace(state.variance)
     value = step_size * xp.max(state.variance) / (2 * temperature)
+    return xp.where(state.count > 0, value, xp.full_like(value, float("nan")))
+
+
+def trace(state: NoiseState) -> Array:
+    """The trace of the running estimate, ``Σ_k (c ⊙ diag V)_k``: the gradient-noise variance the chain
+    measures, summed over the coordinates of the rule (those of the adapted preconditioner), each weighted by
+    the rule's scale ``c`` (1 for SGLD); NaN before the first difference was measured. Over a leading axis
+    of chains (NumPyro's vectorised chains), one value per chain. It is what a variance-reduced gradient
+    (:mod:`ppl_sgmcmc.gradients`) reduces, at any step size: kernels report it as ``noise_variance``.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc import noise
+        >>> state = noise.NoiseState(jnp.zeros(2), jnp.array([100.0, 400.0]), jnp.array(300))
+        >>> float(noise.trace(state)), float(noise.trace(noise.init(jnp.zeros(2))))
+        (500.0, nan)
+    """
+    xp = array_namespace(state.variance)
+    value = xp.sum(state.variance, axis=-1)
     return xp.where(state.count > 0, value, xp.full_like(value, float("nan")))

@@ -143,8 +143,12 @@ def test_find_mode_moves_a_far_start(backend):
     assert step == pytest.approx(0.01)  # a given step size is used as given
     whitened = np.sqrt(x @ np.linalg.inv(cov) @ x)
     assert whitened < 10, whitened
-    # tuned (the default): Adam, then the Newton step of the Laplace approximation, at the mode; then one step
+    # tuned (the default): Adam, then the Newton steps of the Laplace approximation, at the mode; then one step
     x, _ = start_of(backend, backend.SGLD(potential_fn=energy), start)
+    assert np.sqrt(x @ np.linalg.inv(cov) @ x) < 1.5, x
+    # 10x farther than Adam's 1000 steps can travel (about 50 in each coordinate), 700 sds away: the Newton
+    # steps' trust region widens until a full step reaches the mode
+    x, _ = start_of(backend, backend.SGLD(potential_fn=energy), [400.0, -300.0])
     assert np.sqrt(x @ np.linalg.inv(cov) @ x) < 1.5, x
 
 

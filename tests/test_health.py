@@ -6,10 +6,13 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as np_dist
 import pyro
+import pyro.distributions as pyro_dist
 import pytest
 import torch
-from numpyro.infer import MCMC
+from numpyro.infer import MCMC, init_to_value
 
 from ppl_sgmcmc import numpyro as np_backend
 from ppl_sgmcmc import pyro as pyro_backend
@@ -24,12 +27,11 @@ def log_energy_torch(z):
 
 
 def run_numpyro(kernel, num_samples=300, init=None):
-    """A NumPyro run (NumPyro turns the progress bar off under pytest-xdist and CI): the compiled run records
-    the failures in the state and the host reports them afterwards, as ``to_inference_data`` and
-    ``checkpoint.run`` do (and the progress bar, when on: see ``test_progress_bar_reports``)."""
+    """A NumPyro run without a progress bar (NumPyro turns it off under pytest-xdist and CI): the compiled loop
+    reports the failures from a host callback at its checks (the progress bar, when on, reports too: see
+    ``test_progress_bar_reports``)."""
     mcmc = MCMC(kernel, num_warmup=0, num_samples=num_samples, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), init_params=init)
-    kernel.report_health(mcmc.last_state)
     return mcmc
 
 
@@ -161,12 +163,51 @@ def test_healthy_runs_are_silent():
     assert messages == []
     kernel = np_backend.SGLD(potential_fn=normal_energy_jax, step_size=0.1)
     mcmc = MCMC(kernel, num_warmup=0, num_samples=300, num_chains=3, chain_method="vectorized", progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones((3, 2))})
-    _, messages = quiet(lambda: kernel.report_health(mcmc.last_state))
+    _, messages = quiet(lambda: mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones((3, 2))}))
     assert messages == []
     kernel = pyro_backend.SGNHT(potential_fn=normal_energy_torch, step_size=0.1)
     _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
     assert messages == []
+
+
+# --- the noise ratio: read after the warm-up ---------------------------------------------------------------
+
+NOISE = "the noise ratio is"
+REGRESSION_X = np.random.default_rng(0).normal(size=(1000, 2)).astype(np.float32)
+REGRESSION_Y = (REGRESSION_X @ np.array([1.0, -2.0]) + np.random.default_rng(1).normal(size=1000)).astype(np.float32)
+
+
+def regression_numpyro(X, y):
+    w = numpyro.sample("w", np_dist.Normal(0.0, 10.0).expand([2]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=50) as idx:
+        numpyro.sample("y", np_dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
+
+
+def regression_pyro(X, y):
+    w = pyro.sample("w", pyro_dist.Normal(0.0, 10.0).expand([2]).to_event(1))
+    with pyro.plate("data", X.shape[0], subsample_size=50) as idx:
+        pyro.sample("y", pyro_dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
+
+
+@pytest.mark.parametrize("step_size, warns", [(1e-5, False), (1e-3, True)])
+def test_noise_ratio_warning(step_size, warns):
+    """A subsampled regression (N = 1000, n = 50) from a start 100 posterior sds away, with a fixed step size.
+    At h = 1e-3 the gradient noise dominates (noise ratio about 30 against SGLD's limit 0.5: draws 5x too
+    wide) and both backends say so. At h = 1e-5 the ratio after the warm-up is about 0.1, but during the
+    warm-up's approach the gradient's change along the path inflated the estimate to about 1: read then, it
+    raised a false alarm, so the ratio is read only once the warm-up is over."""
+    start = {"w": np.full(2, 5.0, dtype=np.float32)}
+    kernel = np_backend.SGLD(regression_numpyro, step_size=step_size, init_strategy=init_to_value(values=start))
+    mcmc = MCMC(kernel, num_warmup=1000, num_samples=1000, progress_bar=False)
+    _, messages = quiet(lambda: mcmc.run(jax.random.PRNGKey(1), REGRESSION_X, REGRESSION_Y))  # from inside the run
+    assert any(NOISE in m for m in messages) == warns, messages
+    kernel = pyro_backend.SGLD(regression_pyro, step_size=step_size)
+    args = (torch.from_numpy(REGRESSION_X), torch.from_numpy(REGRESSION_Y))
+    pyro.set_rng_seed(1)
+    mcmc = pyro.infer.MCMC(kernel, warmup_steps=1000, num_samples=1000, disable_progbar=True,
+                           initial_params={"w": torch.from_numpy(start["w"])})  # fmt: skip
+    _, messages = quiet(lambda: mcmc.run(*args))
+    assert any(NOISE in m for m in messages) == warns, messages
 
 
 def test_step_size_at_step_zero_is_checked():

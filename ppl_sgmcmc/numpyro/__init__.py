@@ -16,12 +16,14 @@ from ppl_sgmcmc.numpyro.kernels import (
     Recipe,
     Santa,
 )
+from ppl_sgmcmc.numpyro.mcmc import MCMC
 from ppl_sgmcmc.numpyro.scores import full_data_score
 
 __all__ = [
     "CSGHMC",
     "CSGLD",
     "ContourState",
+    "MCMC",
     "PSGLD",
     "Recipe",
     "SGFS",

@@ -27,7 +27,8 @@ from numpyro.infer import MCMC, Predictive
 from numpyro.infer import log_likelihood as numpyro_log_likelihood
 
 from ppl_sgmcmc import _model_checks
-from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
+from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel, _split_arrays
+from ppl_sgmcmc.numpyro.sharding import to_host
 
 __all__ = ["MAX_LOG_LIKELIHOOD_BYTES", "full_data_log_likelihood", "predictive", "to_inference_data"]
 
@@ -98,8 +99,15 @@ def full_data_log_likelihood(
     num_chains, num_draws = jax.tree.leaves(samples)[0].shape[:2]
     total = num_chains * num_draws
     flat = jax.tree.map(lambda x: x.reshape((total,) + x.shape[2:]), samples)
-    evaluate = jax.jit(lambda s: numpyro_log_likelihood(mcmc.sampler.model, s, *mcmc._args, **mcmc._kwargs))
-    shapes = jax.eval_shape(evaluate, jax.tree.map(lambda x: x[:1], flat))  # no evaluation
+    # the data are arguments of the compiled function, not constants in it (large N; data on several hosts)
+    data, merge = _split_arrays((mcmc._args, mcmc._kwargs))
+
+    @jax.jit
+    def evaluate(s, data):
+        args, kwargs = merge(data)
+        return numpyro_log_likelihood(mcmc.sampler.model, s, *args, **kwargs)
+
+    shapes = jax.eval_shape(evaluate, jax.tree.map(lambda x: x[:1], flat), data)  # no evaluation
     sizes = {name: math.prod(shape.shape[1:]) for name, shape in shapes.items()}
     num_bytes = sum(total * sizes[name] * np.dtype(shape.dtype).itemsize for name, shape in shapes.items())
     if num_bytes > max_log_likelihood_bytes:
@@ -109,8 +117,8 @@ def full_data_log_likelihood(
     out = {name: np.empty((total,) + shape.shape[1:], np.dtype(shape.dtype)) for name, shape in shapes.items()}
     for start in range(0, total, chunk_size):
         chunk = jax.tree.map(lambda x, start=start: x[start : start + chunk_size], flat)
-        for name, values in evaluate(chunk).items():
-            out[name][start : start + chunk_size] = np.asarray(values)
+        for name, values in evaluate(chunk, data).items():
+            out[name][start : start + chunk_size] = to_host(values)  # gathered from every host
     return {name: values.reshape((num_chains, num_draws) + values.shape[1:]) for name, values in out.items()}
 
 

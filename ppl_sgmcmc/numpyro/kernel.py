@@ -12,15 +12,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, random, vmap
+from jax.experimental import io_callback
 from jax.flatten_util import ravel_pytree
 from numpyro.distributions import constraints
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from ppl_sgmcmc import _checks, adaptation, health, noise
+from ppl_sgmcmc import _checks, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
-from ppl_sgmcmc.numpyro import gibbs, warmup
+from ppl_sgmcmc.numpyro import gibbs, sharding, warmup
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors
 from ppl_sgmcmc.rules import has_momentum, refresh_momentum
@@ -50,6 +51,9 @@ class SGMCMCState(NamedTuple):
     - **noise**: the running estimate of the gradient noise (:class:`ppl_sgmcmc.noise.NoiseState`).
     - **noise_ratio**: the noise ratio of this step, ``h max_k c_k V_kk / (2τ)`` (:mod:`ppl_sgmcmc.noise`):
       about the relative variance the gradient noise adds; collected by default (ArviZ ``sample_stats``).
+    - **noise_variance** (a property, not a field): the trace of the running noise estimate,
+      ``Σ_k c_k V_kk`` (:func:`ppl_sgmcmc.noise.trace`), which a variance-reduced gradient lowers whatever the
+      step size; collected by default.
     - **health**: the known failures the chain's checks found (:class:`ppl_sgmcmc.health.HealthState`),
       reported by :meth:`SGMCMCKernel.report_health`.
     - **rng_key**: the random key for the next step.
@@ -79,6 +83,11 @@ class SGMCMCState(NamedTuple):
     noise_ratio: jax.Array
     health: health.HealthState
     rng_key: jax.Array
+
+    @property
+    def noise_variance(self):
+        """The trace of the running gradient-noise estimate (:func:`ppl_sgmcmc.noise.trace`)."""
+        return noise.trace(self.noise)
 
     def __getitem__(self, key):
         # numpyro's `extra_fields` falls back to `state[name]` for a name that is not an attribute
@@ -170,6 +179,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     state_type: type  # set below: SGMCMCState, or a subclass (ContourState)
     _target = None
     _sample_fn = None
+    # the progress bar of `ppl_sgmcmc.numpyro.MCMC` while it runs (updated from the compiled step), else None
+    _progress: Any = None
+    # set by `ppl_sgmcmc.numpyro.MCMC`, which reports the health after the run: the loop needs no callback for it
+    _reports_after_run = False
 
     # --- numpyro.infer.MCMCKernel ------------------------------------------------------------
     @property
@@ -215,16 +228,16 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     @property
     def default_fields(self):
         """The state fields ``MCMC`` collects unless told otherwise (``extra_fields`` adds more):
-        the latents ``z``, ``diverging``, ``step_size``, ``noise_ratio`` and the algorithm's
+        the latents ``z``, ``diverging``, ``step_size``, ``noise_ratio``, ``noise_variance`` and the algorithm's
         ``sample_stats_fields`` (CSGLD's ``log_weight`` and ``partition``).
 
         **Example**::
 
             >>> from ppl_sgmcmc.numpyro import SGLD
             >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1).default_fields
-            ('z', 'diverging', 'step_size', 'noise_ratio')
+            ('z', 'diverging', 'step_size', 'noise_ratio', 'noise_variance')
         """
-        return ("z", "diverging", "step_size", "noise_ratio", *self.sample_stats_fields)
+        return ("z", "diverging", "step_size", "noise_ratio", "noise_variance", *self.sample_stats_fields)
 
     def get_diagnostics_str(self, state):
         """The progress bar's postfix: ``Ũ_t``, the step size and the number of rejected steps.
@@ -421,8 +434,12 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             raise RuntimeError(f"{type(self).__name__}: call `init` before `sample`.")
         model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
         self._check_static(model_args, model_kwargs)
+        sharding.check_arguments(state.i, model_args, model_kwargs, self.name)  # data on several hosts
         before = state.i
-        return self._update_health(self._sample_fn(state, model_args, model_kwargs), before)
+        state = self._update_health(self._sample_fn(state, model_args, model_kwargs), before)
+        if self._progress is not None:  # a host callback every `progress_rate` draws
+            self._progress.tick(state)
+        return state
 
     def _check_static(self, model_args, model_kwargs):
         """A model argument that was a Python number at :meth:`init` (it may be a shape, e.g. a plate's
@@ -441,8 +458,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     def report_health(self, state):
         """Warn, once per run and kind, about the known failures the chain's checks recorded in ``state``
-        (:mod:`ppl_sgmcmc.health`); with several chains, those of the first failing chain. The progress bar,
-        :func:`~ppl_sgmcmc.numpyro.to_inference_data` and :func:`ppl_sgmcmc.checkpoint.run` call it.
+        (:mod:`ppl_sgmcmc.health`); with several chains, those of the first failing chain. Under
+        ``numpyro.infer.MCMC`` the compiled step reports while it runs (a host callback at each check; under
+        :class:`ppl_sgmcmc.numpyro.MCMC`, after the run); the progress bar,
+        :func:`~ppl_sgmcmc.numpyro.to_inference_data` and :func:`ppl_sgmcmc.checkpoint.run` call this too, and a
+        warning the run could not raise (one that a warnings filter turns into an error) is raised here.
 
         **Example** (a schedule that turns negative at step 10)::
 
@@ -451,20 +471,34 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=lambda t: 0.1 - 0.01 * t)
             >>> state = kernel.init(jax.random.PRNGKey(0), 0, {"x": jnp.ones(2)})
             >>> step = jax.jit(kernel.sample)
-            >>> for _ in range(20):
-            ...     state = step(state, (), {})
             >>> with warnings.catch_warnings(record=True) as caught:
             ...     warnings.simplefilter("always")
-            ...     kernel.report_health(state)
-            >>> "Fix the `step_size` schedule" in str(caught[0].message)
-            True
+            ...     for _ in range(20):
+            ...         state = step(state, (), {})
+            ...     _ = jax.block_until_ready(state)  # reported from the compiled step, at step 16
+            ...     kernel.report_health(state)  # once per run and kind
+            >>> len(caught), "Fix the `step_size` schedule" in str(caught[0].message)
+            (1, True)
         """
-        flags, values = np.asarray(state.health.flags), np.asarray(state.health.values)
+        self._report(state.health.flags, state.health.values)
+
+    def _report(self, flags, values):
+        flags, values = np.asarray(flags), np.asarray(values)
         if flags.ndim == 2:  # chains
             worst = int(np.argmax(flags.any(axis=1)))
             flags, values = flags.any(axis=0), values[worst]
         if flags.any():
             self._health.report(flags.tolist(), values.tolist())
+
+    def _report_in_run(self, flags, values):
+        """:meth:`report_health` from the compiled step's host callback. A warning that a filter turns into an
+        exception would abort the run from inside the callback: it is left to :meth:`report_health`, which
+        raises it on the host after the run (:class:`ppl_sgmcmc.health.Reporter` marks a kind reported only
+        once its warning is out)."""
+        try:
+            self._report(flags, values)
+        except Exception:  # noqa: BLE001 - raised again by report_health, outside the compiled run
+            pass
 
     def _update_health(self, state, before):
         """``state`` with its health checks run if the step count passed a power of two since ``before``
@@ -481,13 +515,22 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 )
             )
 
+        def checked(state):
+            state = (vmap(update) if self._vectorized else update)(state)
+            if not self._reports_after_run:  # `numpyro.infer.MCMC` reads nothing after the run: report now
+                io_callback(self._report_in_run, None, state.health.flags, state.health.values, ordered=False)
+            return state
+
         if self._vectorized:
-            return lax.cond(health.passed_power_of_two(before[0], state.i[0]), vmap(update), lambda s: s, state)
-        return lax.cond(health.passed_power_of_two(before, state.i), update, lambda s: s, state)
+            return lax.cond(health.passed_power_of_two(before[0], state.i[0]), checked, lambda s: s, state)
+        return lax.cond(health.passed_power_of_two(before, state.i), checked, lambda s: s, state)
 
     def _measured_ratio(self, state):
-        """The noise ratio once the estimate averages :data:`ppl_sgmcmc.noise.HORIZON` steps, else NaN."""
-        return jnp.where(state.noise.count >= noise.HORIZON, state.noise_ratio, jnp.nan)
+        """The noise ratio once the warm-up is over and the estimate averages :data:`ppl_sgmcmc.noise.HORIZON`
+        steps, else NaN: during the warm-up the chain is still moving towards the typical set, and the
+        gradient's change along the way inflates the estimate (:mod:`ppl_sgmcmc.noise`)."""
+        measured = (state.noise.count >= noise.HORIZON) & (state.i >= self._num_warmup_steps)
+        return jnp.where(measured, state.noise_ratio, jnp.nan)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -526,8 +569,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             batches = target.epoch(key_hessian, warmup.hessian_rows(target.data_size, flat.shape[0]))
             hessian, mean_gradient = warmup.hessian(gradient, batches, flat)
             laplace = self._laplace(hessian)
-            if self._find_mode_steps:  # and a Newton step from the optimiser's end
-                flat = warmup.line_search(gradient, batches, flat, adaptation.newton_direction(hessian, mean_gradient))
+            if self._find_mode_steps:  # and Newton steps from the optimiser's end
+                flat = warmup.newton(gradient, batches, flat, hessian, mean_gradient)
                 init_params = self._unravel(flat)
         elif self._adapt_mass:  # many coordinates: the Hessian's diagonal, and the curvature it leaves
             batches = target.epoch(key_hessian, warmup.hessian_rows(target.data_size, 1))

@@ -115,8 +115,8 @@ class ContourState(algorithms.ContourFields, SGMCMCState):
         >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=200, progress_bar=False)
         >>> mcmc.run(jax.random.PRNGKey(1), init_params={"x": jnp.zeros(2)}, extra_fields=("multiplier", "theta"))
         >>> {name: value.shape for name, value in sorted(mcmc.get_extra_fields().items())}
-        {'diverging': (200,), 'log_weight': (200,), 'multiplier': (200,), 'noise_ratio': (200,), 'partition': (200,),
-         'step_size': (200,), 'theta': (200, 10)}
+        {'diverging': (200,), 'log_weight': (200,), 'multiplier': (200,), 'noise_ratio': (200,),
+         'noise_variance': (200,), 'partition': (200,), 'step_size': (200,), 'theta': (200, 10)}
         >>> state = mcmc.last_state
         >>> type(state).__name__, float(state.energy_min), float(state.energy_gap), round(float(state.theta.sum()), 3)
         ('ContourState', 0.0, 0.5, 1.0)
@@ -146,7 +146,7 @@ class CSGLD(algorithms.CSGLD, SGMCMCKernel):
         >>> import arviz as az
         >>> idata = az.from_numpyro(mcmc)
         >>> sorted(idata.sample_stats.data_vars)
-        ['diverging', 'log_weight', 'noise_ratio', 'partition', 'step_size']
+        ['diverging', 'log_weight', 'noise_ratio', 'noise_variance', 'partition', 'step_size']
         >>> bool(abs(float(weighted_mean(idata)["x"])) < 1.5)  # the true mean is 0; SGLD stays near 4
         True
     """

@@ -43,6 +43,7 @@ from numpyro.primitives import plate as numpyro_plate
 from ppl_sgmcmc import _model_checks
 from ppl_sgmcmc.numpyro import minibatch
 from ppl_sgmcmc.numpyro.handlers import full_data
+from ppl_sgmcmc.numpyro.streaming import STREAMED
 from ppl_sgmcmc.rules import StochasticGradient
 
 #: A pytree of latent values: ``{site name: array}``.
@@ -181,7 +182,7 @@ class _ModelRecorder(Messenger):
             if n is not None:
                 _model_checks.subsample_size(msg["name"], size, n, self.kernel_name, "numpyro")
             _model_checks.plate_declared_again(self.plates, msg["name"], size, n, self.kernel_name, "numpyro")
-        elif msg["type"] == "subsample":
+        elif msg["type"] in ("subsample", STREAMED):  # a streamed array: the rows read, not the whole file
             event_dim = msg["kwargs"].get("event_dim")
             self.subsampled.append(_Subsampled(msg, msg["value"], event_dim, _rows_frame(msg["value"], event_dim)))
 

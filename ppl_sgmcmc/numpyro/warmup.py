@@ -13,8 +13,8 @@ from a target (:mod:`~ppl_sgmcmc.numpyro.potential`), inside the kernel's compil
 * :func:`hessian_diagonal` and :func:`largest_curvature`: with a diagonal preconditioner and more than
   :data:`EXACT_HESSIAN_MAX` latent coordinates, Hutchinson's estimate of the Hessian's diagonal and the
   largest curvature it leaves, by power iteration: one Hessian-vector product per minibatch instead of ``d``.
-* :func:`line_search`: the best fraction of the Newton step from the optimiser's end point
-  (:func:`ppl_sgmcmc.adaptation.newton_direction`), on the Hessian's minibatches.
+* :func:`newton`: Newton steps from the optimiser's end point (:func:`ppl_sgmcmc.adaptation.newton_direction`),
+  each the best of a few fractions of the step on the Hessian's minibatches.
 * :func:`probe`: :data:`PROBE_BATCHES` minibatch gradients at one point, whose spread is the gradient
   noise that sets the first step size.
 * :func:`when`: ``fn(operand)`` if a predicate holds: a branch, kept a branch under ``jax.vmap`` (the
@@ -31,10 +31,17 @@ import jax.numpy as jnp
 import optax
 from jax import custom_batching, lax, random, vmap
 
-from ppl_sgmcmc.adaptation import NEWTON_FRACTIONS
+from ppl_sgmcmc.adaptation import (
+    NEWTON_FRACTIONS,
+    NEWTON_GROWTH,
+    NEWTON_ITERATIONS,
+    NEWTON_RADIUS,
+    NEWTON_TOLERANCE,
+    newton_direction,
+)
 
 __all__ = ["EXACT_HESSIAN_MAX", "FIND_MODE_FINAL_RATE", "FIND_MODE_RATE", "HESSIAN_ROWS", "PROBE_BATCHES", "find_mode",
-           "hessian", "hessian_diagonal", "hessian_rows", "largest_curvature", "line_search", "probe", "when"]
+           "hessian", "hessian_diagonal", "hessian_rows", "largest_curvature", "newton", "probe", "when"]
 
 #: Adam's learning rate at the start of :func:`find_mode` and, as a fraction of it, at the end.
 FIND_MODE_RATE, FIND_MODE_FINAL_RATE = 0.1, 0.01
@@ -131,27 +138,52 @@ def hessian(gradient: GradientFn, batches: Any, flat: jax.Array) -> tuple[jax.Ar
     return H / count, g / count
 
 
-def line_search(gradient: GradientFn, batches: Any, flat: jax.Array, step: jax.Array) -> jax.Array:
-    """The best of ``flat - t step`` for ``t`` in :data:`~ppl_sgmcmc.adaptation.NEWTON_FRACTIONS` and ``t = 0``:
-    the lowest mean minibatch energy over ``batches`` (the same minibatches for every candidate).
+def newton(gradient: GradientFn, batches: Any, flat: jax.Array, hessian: jax.Array, mean_gradient: jax.Array) -> jax.Array:
+    """Up to :data:`~ppl_sgmcmc.adaptation.NEWTON_ITERATIONS` Newton steps from ``flat`` with the Hessian ``hessian``
+    (:func:`ppl_sgmcmc.adaptation.newton_direction`; ``mean_gradient`` is the gradient at ``flat``), each the
+    best of ``x - t step`` for ``t`` in :data:`~ppl_sgmcmc.adaptation.NEWTON_FRACTIONS` and ``t = 0``: the lowest
+    mean minibatch energy over ``batches`` (the same minibatches for every candidate, a line search with common
+    random numbers). The Hessian stays the one at ``flat``; the step's radius starts at
+    :data:`~ppl_sgmcmc.adaptation.NEWTON_RADIUS` and grows by :data:`~ppl_sgmcmc.adaptation.NEWTON_GROWTH` after
+    each step whose full length was best (a trust region); the steps stop once one moved less than
+    :data:`~ppl_sgmcmc.adaptation.NEWTON_TOLERANCE` posterior sds.
 
-    **Example** (the full step of ``U(x) = x²`` from 1 overshoots to -3; a quarter of it lands at 0)::
+    **Example** (``U(x) = x²``: the full step from 1 overshoots to -3, a quarter of it lands at 0, and the
+    later steps stay there)::
 
         >>> import jax, jax.numpy as jnp
-        >>> from ppl_sgmcmc.numpyro.warmup import line_search
+        >>> from ppl_sgmcmc.numpyro.warmup import newton
         >>> from ppl_sgmcmc.rules import StochasticGradient
         >>> def gradient(x, batch):
         ...     return StochasticGradient(jnp.sum(x**2), 2 * x, None)
-        >>> line_search(gradient, jnp.arange(2), jnp.array([1.0]), jnp.array([4.0])).tolist()
+        >>> x = newton(gradient, jnp.arange(2), jnp.array([1.0]), jnp.array([[0.5]]), jnp.array([2.0]))
+        >>> [round(v, 6) for v in x.tolist()]
         [0.0]
     """
-    candidates = jnp.stack([flat - t * step for t in (0.0, *NEWTON_FRACTIONS)])
+    count = jax.tree.leaves(batches)[0].shape[0]
+    fractions = jnp.asarray((0.0, *NEWTON_FRACTIONS), flat.dtype)
 
-    def body(total, batch):
-        return total + vmap(lambda x: gradient(x, batch).energy)(candidates), None
+    def iteration(carry):
+        k, x, g, radius, _ = carry
+        step = newton_direction(hessian, g, radius)
+        candidates = x - fractions[:, None] * step
 
-    energies, _ = lax.scan(body, jnp.zeros(candidates.shape[0], flat.dtype), batches)
-    return candidates[jnp.argmin(jnp.where(jnp.isfinite(energies), energies, jnp.inf))]
+        def body(totals, batch):
+            out = vmap(lambda c: gradient(c, batch))(candidates)
+            return (totals[0] + out.energy, totals[1] + out.grad), None
+
+        (energies, grads), _ = lax.scan(body, (jnp.zeros(fractions.shape, flat.dtype), jnp.zeros_like(candidates)), batches)
+        best = jnp.argmin(jnp.where(jnp.isfinite(energies), energies, jnp.inf))
+        moved = fractions[best] * jnp.sqrt(jnp.abs(step @ hessian @ step))  # in posterior sds
+        radius = jnp.where(best == 1, NEWTON_GROWTH * radius, radius)
+        return k + 1, candidates[best], grads[best] / count, radius, moved
+
+    def more(carry):
+        k, _, _, _, moved = carry
+        return (k < NEWTON_ITERATIONS) & (moved >= NEWTON_TOLERANCE)
+
+    start = (0, flat, mean_gradient, jnp.asarray(NEWTON_RADIUS, flat.dtype), jnp.asarray(jnp.inf, flat.dtype))
+    return lax.while_loop(more, iteration, start)[1]
 
 
 def hessian_diagonal(gradient: GradientFn, batches: Any, flat: jax.Array, rng_key: jax.Array) -> tuple[jax.Array, jax.Array]:

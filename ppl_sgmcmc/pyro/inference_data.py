@@ -51,8 +51,8 @@ def _check(mcmc: MCMC, needs_model: bool = True) -> None:
 
 def sample_stats(mcmc: MCMC) -> dict[str, np.ndarray]:
     """The per-draw statistics a kernel records besides ``diverging``, as ``{name: array (chain, draw)}``
-    (NumPy): ``step_size`` and ``noise_ratio`` (:mod:`ppl_sgmcmc.noise`), and ``log_weight`` and ``partition``
-    for :class:`~ppl_sgmcmc.pyro.CSGLD` and :class:`~ppl_sgmcmc.pyro.CSGHMC` (the kernel's
+    (NumPy): ``step_size``, ``noise_ratio`` and ``noise_variance`` (:mod:`ppl_sgmcmc.noise`), and ``log_weight``
+    and ``partition`` for :class:`~ppl_sgmcmc.pyro.CSGLD` and :class:`~ppl_sgmcmc.pyro.CSGHMC` (the kernel's
     :attr:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel.recorded_fields`). Pyro's ``MCMC`` returns them through each
     chain's :meth:`~ppl_sgmcmc.pyro.kernel.SGMCMCKernel.diagnostics`.
 
@@ -71,7 +71,8 @@ def sample_stats(mcmc: MCMC) -> dict[str, np.ndarray]:
         ...             disable_progbar=True)
         >>> mcmc.run()
         >>> {name: values.shape for name, values in sample_stats(mcmc).items()}
-        {'step_size': (1, 20), 'noise_ratio': (1, 20), 'log_weight': (1, 20), 'partition': (1, 20)}
+        {'step_size': (1, 20), 'noise_ratio': (1, 20), 'noise_variance': (1, 20), 'log_weight': (1, 20),
+         'partition': (1, 20)}
     """
     _check(mcmc, needs_model=False)
     chains = mcmc._diagnostics

@@ -17,7 +17,7 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ppl_sgmcmc import _checks, adaptation, health, noise
+from ppl_sgmcmc import _checks, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.pyro import warmup
 from ppl_sgmcmc.pyro.gibbs import GibbsTarget
@@ -47,6 +47,9 @@ class SGMCMCState(NamedTuple):
       ``preconditioner`` and the tuned ``step_size``, frozen after the warm-up), or ``()`` when nothing adapts.
     - **noise**: the running estimate of the gradient noise (:class:`ppl_sgmcmc.noise.NoiseState`).
     - **noise_ratio**: the noise ratio of the last step (:mod:`ppl_sgmcmc.noise`), a float.
+    - **noise_variance** (a property, not a field): the trace of the running noise estimate,
+      ``Σ_k c_k V_kk`` (:func:`ppl_sgmcmc.noise.trace`), which a variance-reduced gradient lowers whatever the
+      step size; recorded with every draw.
 
     **Example** (the state after the first step)::
 
@@ -73,6 +76,11 @@ class SGMCMCState(NamedTuple):
     adapt_state: Any
     noise: noise.NoiseState
     noise_ratio: float
+
+    @property
+    def noise_variance(self):
+        """The trace of the running gradient-noise estimate (:func:`ppl_sgmcmc.noise.trace`)."""
+        return noise.trace(self.noise)
 
 
 class SGMCMCKernel(Algorithm, MCMCKernel):
@@ -134,15 +142,16 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     @property
     def recorded_fields(self):
         """The per-draw statistics the kernel records after the warm-up (ArviZ ``sample_stats``, through
-        :meth:`diagnostics`): ``step_size``, ``noise_ratio`` and the algorithm's ``sample_stats_fields``.
+        :meth:`diagnostics`): ``step_size``, ``noise_ratio``, ``noise_variance`` and the algorithm's
+        ``sample_stats_fields``.
 
         **Example**::
 
             >>> from ppl_sgmcmc.pyro import CSGLD
             >>> CSGLD(potential_fn=lambda z: 0.0, step_size=0.1).recorded_fields
-            ('step_size', 'noise_ratio', 'log_weight', 'partition')
+            ('step_size', 'noise_ratio', 'noise_variance', 'log_weight', 'partition')
         """
-        return ("step_size", "noise_ratio", *self.sample_stats_fields)
+        return ("step_size", "noise_ratio", "noise_variance", *self.sample_stats_fields)
 
     @property
     def _score_kind(self):
@@ -477,9 +486,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             batches = target.epoch(self._generator, warmup.hessian_rows(target.data_size, flat.shape[0]))
             hessian, mean_gradient = warmup.hessian(target, flat, batches)
             laplace = self._laplace(hessian)
-            if self._find_mode_steps:  # and a Newton step from the optimiser's end
-                step = adaptation.newton_direction(hessian, mean_gradient)
-                flat = warmup.line_search(target, flat, batches, step, score_kind)
+            if self._find_mode_steps:  # and Newton steps from the optimiser's end
+                flat = warmup.newton(target, flat, batches, hessian, mean_gradient, score_kind)
         if self._tune:
             n = max((n for _, n in target.plate_sizes.values()), default=1)
             probe = warmup.probe(target, flat, target.epoch(self._generator, warmup.PROBE_BATCHES * n), score_kind)
@@ -511,7 +519,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         state = self._state
         if state is not None:
             checks = self._health_state if self._health_state is not None else health.init(self._flat)
-            ratio = state.noise_ratio if int(state.noise.count) >= noise.HORIZON else float("nan")
+            measured = int(state.noise.count) >= noise.HORIZON and state.i >= self._num_warmup_steps
+            ratio = state.noise_ratio if measured else float("nan")  # as NumPyro's `_measured_ratio`
             restarts = state.adapt_state.restarts if self.adapts else 0
             checks = health.update(
                 checks, state.i, state.num_diverging, state.step_size, self._flat, state.rule_state, ratio,
@@ -562,7 +571,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             >>> kernel.initial_params = {"x": torch.ones(2)}
             >>> kernel.setup(warmup_steps=0)
             >>> kernel.sample(kernel.initial_params)["x"], kernel.diagnostics()
-            (tensor([1., 1.]), {'divergences': [0], 'num_diverging': 1, 'step_size': [0.1], 'noise_ratio': [nan]})
+            (tensor([1., 1.]), {'divergences': [0], 'num_diverging': 1, 'step_size': [0.1], 'noise_ratio': [nan],
+             'noise_variance': [nan]})
         """
         out = {"divergences": list(self._divergences), "num_diverging": self._num_diverging}
         out.update({field: list(values) for field, values in self._records.items()})

@@ -175,7 +175,7 @@ class CSGLD(algorithms.CSGLD, SGMCMCKernel):
         >>> mcmc.run()
         >>> idata = to_inference_data(mcmc)
         >>> sorted(idata.sample_stats.data_vars), idata.sample_stats["log_weight"].shape
-        (['diverging', 'log_weight', 'noise_ratio', 'partition', 'step_size'], (1, 200))
+        (['diverging', 'log_weight', 'noise_ratio', 'noise_variance', 'partition', 'step_size'], (1, 200))
         >>> estimate = weighted_mean(idata)["x"]  # Σ w x / Σ w, the estimate of π's mean
     """
 

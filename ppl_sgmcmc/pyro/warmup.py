@@ -11,19 +11,26 @@ The Pyro twin of :mod:`ppl_sgmcmc.numpyro.warmup` (same constants, same semantic
   with ``create_graph``, then one batched backward pass for all ``d`` columns).
 * :func:`hessian_diagonal` and :func:`largest_curvature`: Hutchinson's estimate of the Hessian's diagonal and
   the curvature it leaves, for a diagonal preconditioner of many latent coordinates.
-* :func:`line_search`: the best fraction of the Newton step from the optimiser's end point, on the Hessian's
-  minibatches.
+* :func:`newton`: Newton steps from the optimiser's end point, each the best of a few fractions of the step
+  on the Hessian's minibatches.
 * :func:`probe`: :data:`~ppl_sgmcmc.numpyro.warmup.PROBE_BATCHES` minibatch gradients at one point,
   stacked.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from ppl_sgmcmc.adaptation import NEWTON_FRACTIONS
+from ppl_sgmcmc.adaptation import (
+    NEWTON_FRACTIONS,
+    NEWTON_GROWTH,
+    NEWTON_ITERATIONS,
+    NEWTON_RADIUS,
+    NEWTON_TOLERANCE,
+    newton_direction,
+)
 from ppl_sgmcmc.numpyro.warmup import (
     EXACT_HESSIAN_MAX,
     FIND_MODE_FINAL_RATE,
@@ -35,7 +42,7 @@ from ppl_sgmcmc.numpyro.warmup import (
 from ppl_sgmcmc.rules import StochasticGradient
 
 __all__ = ["EXACT_HESSIAN_MAX", "PROBE_BATCHES", "find_mode", "hessian", "hessian_diagonal", "hessian_rows",
-           "largest_curvature", "line_search", "probe"]
+           "largest_curvature", "newton", "probe"]
 
 
 def find_mode(target: Any, flat: torch.Tensor, generator: torch.Generator, steps: int, score_kind: Any) -> torch.Tensor:
@@ -170,16 +177,25 @@ def largest_curvature(target: Any, flat: torch.Tensor, batches: list[Any], scale
     return rayleigh.abs()
 
 
-def line_search(target: Any, flat: torch.Tensor, batches: list[Any], step: torch.Tensor, score_kind: Any) -> torch.Tensor:
-    """The best of ``flat - t step`` for ``t`` in :data:`~ppl_sgmcmc.adaptation.NEWTON_FRACTIONS` and ``t = 0``:
-    the lowest mean minibatch energy over ``batches`` (see :func:`ppl_sgmcmc.numpyro.warmup.line_search`)."""
-    best, best_energy = flat, float("inf")
-    for t in (0.0, *NEWTON_FRACTIONS):
-        candidate = flat - t * step
-        energy = sum(float(target.gradient(candidate, batch, score_kind).energy) for batch in batches)
-        if energy < best_energy:  # NaN never is
-            best, best_energy = candidate, energy
-    return best
+def newton(target: Any, flat: torch.Tensor, batches: list[Any], hessian: torch.Tensor, mean_gradient: torch.Tensor,
+           score_kind: Any) -> torch.Tensor:  # fmt: skip
+    """Up to :data:`~ppl_sgmcmc.adaptation.NEWTON_ITERATIONS` Newton steps from ``flat``, each the best of a few
+    fractions of the step on ``batches`` (see :func:`ppl_sgmcmc.numpyro.warmup.newton`)."""
+    x, g, radius = flat, mean_gradient, NEWTON_RADIUS
+    for _ in range(NEWTON_ITERATIONS):
+        step = cast(torch.Tensor, newton_direction(hessian, g, radius))
+        best, best_energy, best_t = x, float("inf"), 0.0
+        for t in (0.0, *NEWTON_FRACTIONS):
+            candidate = x - t * step
+            grads = [target.gradient(candidate, batch, score_kind) for batch in batches]
+            energy = sum(float(out.energy) for out in grads)
+            if energy < best_energy:  # NaN never is
+                best, best_energy, best_t = candidate, energy, t
+                g = torch.stack([out.grad for out in grads]).mean(0)
+        x, radius = best, radius * NEWTON_GROWTH if best_t == NEWTON_FRACTIONS[0] else radius
+        if best_t * abs(float(step @ hessian @ step)) ** 0.5 < NEWTON_TOLERANCE:
+            break
+    return x
 
 
 def probe(target: Any, flat: torch.Tensor, batches: list[Any], score_kind: Any) -> StochasticGradient:

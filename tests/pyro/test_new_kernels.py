@@ -450,5 +450,5 @@ def pyro_hierarchical(y):
 def test_sgfs_refuses_latents_outside_the_likelihood():
     y = torch.randn(50, generator=torch.Generator().manual_seed(0))
     kernel = SGFS(pyro_hierarchical)
-    with pytest.raises(ValueError, match="site\\(s\\) 'mu', 'tau' do not enter the likelihood"):
+    with pytest.raises(ValueError, match="latent site\\(s\\) 'mu', 'tau' are zero in all"):
         kernel.setup(0, y)

@@ -1,0 +1,139 @@
+"""NumPyro's :class:`numpyro.infer.MCMC` with the progress bar drawn from inside the compiled sampling loop.
+
+With one chain (or ``chain_method="vectorized"``) and ``progress_bar=True``, NumPyro runs its sampling loop
+in Python: one call of the compiled step and one update of the bar per draw, about 0.1 ms, several times
+the cost of a minibatch step on a small model. :class:`MCMC` runs the loop NumPyro runs without a
+progress bar (one compiled loop) and the kernel updates the bar from inside it, through a host callback
+(:func:`jax.experimental.io_callback`) every ``progress_rate`` draws, as BlackJAX's ``progress_bar`` does.
+The bar keeps NumPyro's conventions: one tick per draw (``num_warmup + num_samples``, or ``num_samples``
+for a resumed chain; ``thinning`` does not change it), the description ``warmup`` / ``sample``, and the
+kernel's diagnostics string as its postfix (none for vectorized chains, as in NumPyro). The callback reads
+the state and draws no random numbers: the samples are those of ``progress_bar=False``, bit for bit.
+
+For other chain methods (``"sequential"`` or ``"parallel"`` with several chains, a callable), and for
+kernels that are not SG-MCMC kernels, :class:`MCMC` is NumPyro's ``MCMC`` unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import numpyro.infer
+import tqdm.auto as tqdm
+from jax import lax
+from jax.experimental import io_callback
+
+from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
+
+__all__ = ["MCMC"]
+
+
+class MCMC(numpyro.infer.MCMC):
+    """:class:`numpyro.infer.MCMC`, same arguments and methods, whose progress bar costs next to nothing for
+    an SG-MCMC kernel with one chain or vectorized chains: the sampling loop stays compiled and the kernel
+    updates the bar from inside it (see :mod:`ppl_sgmcmc.numpyro.mcmc`). Draws, thinning and the state after a
+    run are those of ``numpyro.infer.MCMC``; the chain's health (:meth:`SGMCMCKernel.report_health
+    <ppl_sgmcmc.numpyro.kernel.SGMCMCKernel.report_health>`) is reported at the end of each run, from the host,
+    rather than from the compiled loop as under ``numpyro.infer.MCMC``: without a progress bar the loop then has
+    no host callback, and JAX's persistent compilation cache (which does not keep programs with host callbacks)
+    can read it back in a later process.
+
+    **Example**::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from ppl_sgmcmc.numpyro import MCMC, SGLD
+        >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.05)
+        >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=1000)  # a progress bar, one compiled loop
+        >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones(2)})
+        >>> mcmc.get_samples()["x"].shape
+        (1000, 2)
+    """
+
+    progress_bar: bool  # NumPyro's attribute
+
+    def run(self, rng_key: Any, *args: Any, extra_fields: tuple | list = (), init_params: Any = None,
+            **kwargs: Any) -> None:
+        """Run the chains as :meth:`numpyro.infer.MCMC.run` does, with the progress bar drawn from inside the
+        compiled loop where :mod:`ppl_sgmcmc.numpyro.mcmc` says so."""
+        kernel = self.sampler
+        if not isinstance(kernel, SGMCMCKernel):
+            return super().run(rng_key, *args, extra_fields=extra_fields, init_params=init_params, **kwargs)
+        # the compiled step reads `kernel._progress` when it is traced: NumPyro's cached step functions
+        # (kept per model arguments) must not outlive a run with another bar, or none
+        self._cache: dict = {}
+        kernel._reports_after_run = True  # no health callback in the compiled loop: see `report_health` below
+        try:
+            self._run(kernel, rng_key, *args, extra_fields=extra_fields, init_params=init_params, **kwargs)
+        finally:
+            kernel._reports_after_run = False
+        kernel.report_health(self.last_state)
+
+    def _run(self, kernel: SGMCMCKernel, rng_key: Any, *args: Any, **kwargs: Any) -> None:
+        in_loop = self.progress_bar and (self.num_chains == 1 or self.chain_method == "vectorized")
+        if not in_loop:
+            super().run(rng_key, *args, **kwargs)
+            return
+        if self._warmup_state is None:  # a run from the start, or `warmup()` (which sets its own range)
+            params = self._collection_params
+            lower, upper, phase, start = params["lower"], params["upper"], params["phase"], 0
+        else:  # a resumed chain: its `num_samples` draws, as `numpyro.infer.MCMC.run` counts them
+            lower, upper, phase = 0, self.num_samples, "sample"
+            start = int(np.ravel(self._warmup_state.i)[0])
+        bar = _Bar(kernel, upper, lower, phase, start, self.progress_rate)
+        kernel._progress, self.progress_bar = bar, False
+        try:
+            super().run(rng_key, *args, **kwargs)
+            jax.block_until_ready(self._states)
+            bar.finish()
+        finally:
+            kernel._progress, self.progress_bar = None, True
+            bar.close()
+
+
+# the state's fields that the progress line (`Algorithm.progress`) does not read
+_NOT_SHOWN = ("z", "batch_state", "gradient_state", "finite_position", "adapt_state", "noise", "health", "rng_key")
+
+
+class _Bar:
+    """A tqdm bar of ``total`` draws that :meth:`tick` updates from the compiled step: the host callback
+    runs when the draw count of this run is a multiple of ``progress_rate`` (NumPyro's default: a
+    twentieth of the run) or reaches ``total``."""
+
+    def __init__(self, kernel: SGMCMCKernel, total: int, num_warmup: int, phase: str | None, start_step: int,
+                 progress_rate: int | None):
+        self.kernel, self.total, self.num_warmup, self.phase = kernel, total, num_warmup, phase
+        self.start = start_step
+        self.rate = max(int(progress_rate or total / 20), 1)
+        self.bar = tqdm.tqdm(total=total)
+        self.bar.set_description(self._description(0), refresh=True)
+
+    def _description(self, draws: int) -> str:
+        """NumPyro's: the phase if given, else ``warmup`` before the ``num_warmup``-th draw, then ``sample``."""
+        if self.phase is not None:
+            return self.phase
+        return "warmup" if max(draws - 1, 0) < self.num_warmup else "sample"
+
+    def tick(self, state: Any) -> None:
+        """In the compiled step: call :meth:`_show` with the first chain's state when it is due. Only the
+        fields the diagnostics string reads travel (a callback's operands are copied at every step)."""
+        kernel = self.kernel
+        first = jax.tree.map(lambda x: x[0], state) if kernel._vectorized else state
+        first = first._replace(**dict.fromkeys(_NOT_SHOWN))
+        draws = (first.i - self.start) // kernel._steps_per_sample
+        due = (draws % self.rate == 0) | (draws == self.total)
+        lax.cond(due, lambda s: io_callback(self._show, None, s, ordered=False), lambda s: None, first)
+
+    def _show(self, state: Any) -> None:
+        draws = min((int(state.i) - self.start) // self.kernel._steps_per_sample, self.total)
+        self.bar.set_description(self._description(draws), refresh=False)
+        if not self.kernel._vectorized:
+            self.bar.set_postfix_str(self.kernel.diagnostics(state), refresh=False)
+        self.bar.update(draws - self.bar.n)
+
+    def finish(self) -> None:
+        self.bar.update(self.total - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,163 @@
+"""ppl_sgmcmc.numpyro.MCMC: the progress bar drawn from inside the compiled loop, and repeated runs that
+reuse the compilation (JAX's persistent compilation cache)."""
+
+import warnings
+
+import jax
+import numpy as np
+import numpyro.infer
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+from ppl_sgmcmc.numpyro import MCMC, SGLD, SGNHT
+from ppl_sgmcmc.numpyro import mcmc as ppl_mcmc
+from tests.numpyro.conftest import logistic_model
+
+
+@pytest.fixture(autouse=True)
+def _no_parallel_device_warning():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "There are not enough devices", UserWarning)
+        yield
+
+
+def with_bar(mcmc):
+    """NumPyro turns the bar off in a CI or pytest-xdist environment: turn it back on."""
+    mcmc.progress_bar = True
+    return mcmc
+
+
+class Compilations:
+    """The names of the functions JAX compiled (``jax.monitoring``) while active."""
+
+    def __init__(self):
+        self.names, self.events, self.active = [], [], False
+        jax.monitoring.register_event_duration_secs_listener(self._duration)
+        jax.monitoring.register_event_listener(self._event)
+
+    def _duration(self, event, duration, **kwargs):
+        if self.active and event == "/jax/core/compile/backend_compile_duration":
+            self.names.append(str(kwargs.get("fun_name", "")))
+
+    def _event(self, event, **kwargs):
+        if self.active and event.startswith("/jax/compilation_cache/"):
+            self.events.append(event.rsplit("/", 1)[1])
+
+    def __enter__(self):
+        self.names, self.events, self.active = [], [], True
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+
+
+COMPILATIONS = Compilations()
+
+
+def sgnht(**kwargs):
+    return SGNHT(logistic_model, step_size=1e-2, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(thinning=2, kernel=dict(steps_per_sample=3)), dict(num_chains=2, chain_method="vectorized")],
+    ids=["one chain, thinning and steps_per_sample", "vectorized"],
+)
+def test_same_draws_as_without_the_bar(logistic_data, options, capfd):
+    options = dict(options)
+    kernel_options = options.pop("kernel", {})
+    runs = {}
+    for name, cls in (("bar", MCMC), ("none", numpyro.infer.MCMC)):
+        mcmc = cls(sgnht(**kernel_options), num_warmup=20, num_samples=40, progress_bar=name == "bar", **options)
+        if name == "bar":
+            with_bar(mcmc)
+        mcmc.run(jax.random.PRNGKey(1), *logistic_data, extra_fields=("potential_energy",))
+        first = (mcmc.get_samples(), mcmc.get_extra_fields())
+        mcmc.post_warmup_state = mcmc.last_state  # and a resumed chain
+        mcmc.run(mcmc.last_state.rng_key, *logistic_data, extra_fields=("potential_energy",))
+        runs[name] = (first, (mcmc.get_samples(), mcmc.get_extra_fields()), mcmc.last_state)
+    jax.tree.map(np.testing.assert_array_equal, runs["bar"], runs["none"])
+    err = capfd.readouterr().err
+    # a tick per draw (20 + 40), thinning or not; the resumed run counts its 40
+    assert "sample: 100%" in err and "60/60" in err and "40/40" in err
+
+
+def test_bar_updates_from_the_compiled_loop(logistic_data, capfd, monkeypatch):
+    shown = []
+    show = ppl_mcmc._Bar._show
+    monkeypatch.setattr(ppl_mcmc._Bar, "_show", lambda bar, state: (shown.append(bar.bar.n), show(bar, state)))
+    mcmc = with_bar(MCMC(sgnht(), num_warmup=10, num_samples=200, progress_rate=50))
+    with COMPILATIONS as compiled:
+        mcmc.run(jax.random.PRNGKey(0), *logistic_data)
+    # one compiled loop (numpyro's progress_bar=False path), not numpyro's per-draw `_body_fn` calls
+    assert "jit(_fori_collect_loop)" in compiled.names and "jit(_body_fn)" not in compiled.names
+    err = capfd.readouterr().err
+    assert "warmup" in err and "sample: 100%" in err and "210/210" in err
+    assert "Ũ_t" in err and "ξ̄" in err  # the kernel's diagnostics string
+    assert shown == [0, 50, 100, 150, 200]  # host callbacks at draws 50, 100, 150, 200 and 210
+
+
+def test_bar_toggled_between_runs_of_one_object(logistic_data, capfd):
+    mcmc = with_bar(MCMC(SGLD(logistic_model, step_size=1e-3), num_warmup=5, num_samples=30))
+    mcmc.run(jax.random.PRNGKey(0), *logistic_data)
+    assert "35/35" in capfd.readouterr().err
+    mcmc.progress_bar = False
+    mcmc.run(jax.random.PRNGKey(0), *logistic_data)
+    assert "35/35" not in capfd.readouterr().err
+    mcmc.progress_bar = True
+    mcmc.run(jax.random.PRNGKey(0), *logistic_data)
+    assert "35/35" in capfd.readouterr().err
+
+
+def test_health_reported_after_a_run_with_the_bar(logistic_data):
+    kernel = SGLD(logistic_model, step_size=lambda t: 1e-3 - 1e-4 * t)  # non-positive from step 10
+    mcmc = with_bar(MCMC(kernel, num_warmup=0, num_samples=40))
+    with pytest.warns(RuntimeWarning, match="step_size"):
+        mcmc.run(jax.random.PRNGKey(0), *logistic_data)
+
+
+@pytest.fixture
+def compilation_cache_dir(tmp_path):
+    """JAX's persistent compilation cache in ``tmp_path`` for the test, every compilation cached; the
+    configuration restored afterwards."""
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")  # fmt: skip
+    before = {name: getattr(jax.config, name) for name in names}
+    compilation_cache.reset_cache()
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    yield tmp_path
+    for name, value in before.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
+@pytest.mark.parametrize("step_size", [1e-2, None], ids=["given step size", "tuned"])
+def test_repeated_runs_reuse_the_compilation(logistic_data, compilation_cache_dir, step_size):
+    """NumPyro traces its sampling loop again at every ``mcmc.run``; with the persistent cache the XLA
+    compilations of the kernel's initialisation and of that loop are read back, for a second run, a
+    resumed chain and a second ``MCMC`` object, because the kernel lowers to the same program each time.
+    (``ppl_sgmcmc.numpyro.MCMC``: under ``numpyro.infer.MCMC`` the loop holds the health report's host
+    callback, and JAX does not persist such programs.)"""
+    def fresh():
+        return MCMC(SGNHT(logistic_model, step_size=step_size), num_warmup=200, num_samples=20, progress_bar=False)
+
+    mcmc = fresh()
+    with COMPILATIONS as first:
+        mcmc.run(jax.random.PRNGKey(0), *logistic_data)
+    assert "miss" in "".join(first.events)
+    with COMPILATIONS as again:
+        mcmc.run(jax.random.PRNGKey(1), *logistic_data)
+    assert "cache_misses" not in again.events and again.events.count("cache_hits") >= 2
+    if step_size is None:  # the rest is the same for a tuned chain
+        return
+    with COMPILATIONS as again:
+        fresh().run(jax.random.PRNGKey(2), *logistic_data)
+    assert "cache_misses" not in again.events and again.events.count("cache_hits") >= 2
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(mcmc.last_state.rng_key, *logistic_data)  # the loop of a resumed chain: compiled once...
+    mcmc.post_warmup_state = mcmc.last_state
+    with COMPILATIONS as resumed:
+        mcmc.run(mcmc.last_state.rng_key, *logistic_data)  # ...then read back
+    assert "cache_misses" not in resumed.events and "cache_hits" in resumed.events

@@ -1,0 +1,217 @@
+"""Data sharded over several devices and hosts (:mod:`ppl_sgmcmc.numpyro.sharding`).
+
+JAX fixes its device count when it starts, so the runs happen in subprocesses: one process with
+``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (the data on one device, and sharded over meshes of
+2 and 4 CPU devices), and two processes under ``jax.distributed.initialize`` with 2 devices each (gloo).
+
+* The global draw gathers the same minibatch rows as one device: the trajectories of meshes of 2 and 4
+  devices and of two hosts equal the one-device (unsharded) one to float tolerance (the all-reduce that
+  gathers the rows adds zeros, and XLA may fuse the gradient's sums in another order): vectorised chains
+  with a fixed step size, and, on 4 devices, the tuned warm-up with epochs; so do the full-data
+  log-likelihood for ArviZ (computed shard by shard) and, on 4 devices, a resumed run. Each ``MCMC.run``
+  compiles anew, so the runs are few and short.
+* The posterior on 4 devices is the conjugate one, within Monte Carlo error (``tests/helpers.py``): the
+  mean exactly, the covariance up to the predicted bias of the step size (as in ``test_posterior.py``).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import (
+    assert_mc_close,
+    assert_small_bias,
+    conjugate_posterior,
+    ess,
+    linear_regression_data,
+    mahalanobis,
+    mean_and_mcse,
+    minibatch_gradient_cov,
+    predicted_thermostat,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM_DATA, NUM_FEATURES, BATCH, NOISE, PRIOR = 1000, 3, 50, 16.0, 1.0
+STEP, DIFFUSION = 5e-3, 2.0  # as test_posterior.py's "sgnht-multivariate-splitting"
+NUM_CHAINS, NUM_WARMUP, NUM_SAMPLES, THINNING = 8, 2_000, 16_000, 4
+RTOL, ATOL = 1e-4, 1e-5  # float32 sums in another order, over a few hundred steps
+
+COMMON = f"""
+import json, os, sys
+import jax, jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
+from numpyro.infer import MCMC
+from ppl_sgmcmc.numpyro import SGLD, SGNHT, full_data_log_likelihood
+from ppl_sgmcmc.numpyro.sharding import data_mesh, shard_rows
+from tests.helpers import linear_regression_data
+
+N, D, BATCH, NOISE, PRIOR = {NUM_DATA}, {NUM_FEATURES}, {BATCH}, {NOISE}, {PRIOR}
+X, Y, _ = linear_regression_data(N, D, NOISE, seed=0)
+
+
+def regression(X, y):
+    w = numpyro.sample("w", dist.Normal(0.0, PRIOR).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=BATCH):
+        numpyro.sample("y", dist.Normal(numpyro.subsample(X, event_dim=1) @ w, NOISE), obs=numpyro.subsample(y, event_dim=0))
+
+
+def trajectories(data, runs, **mcmc_options):
+    # "fixed": a fixed step size, with replacement, 2 vectorised chains (+ the log-likelihood, "resumed": a
+    # resumed run); "tuned": the warm-up's adaptation, epochs without replacement
+    out = {{}}
+    if "fixed" in runs:
+        mcmc = MCMC(SGLD(regression, step_size=5e-4), num_warmup=200, num_samples=100, num_chains=2,
+                    chain_method="vectorized", progress_bar=False, **mcmc_options)
+        mcmc.run(jax.random.PRNGKey(0), *data)
+        out["fixed"] = np.asarray(mcmc.get_samples()["w"])
+        out["log_likelihood"] = full_data_log_likelihood(mcmc)["y"]
+        if "resumed" in runs:
+            mcmc.post_warmup_state = mcmc.last_state
+            mcmc.run(mcmc.post_warmup_state.rng_key, *data)
+            out["resumed"] = np.asarray(mcmc.get_samples()["w"])
+    if "tuned" in runs:
+        mcmc = MCMC(SGNHT(regression, replace=False), num_warmup=200, num_samples=100, progress_bar=False,
+                    **mcmc_options)
+        mcmc.run(jax.random.PRNGKey(0), *data)
+        out["tuned"] = np.asarray(mcmc.get_samples()["w"])
+        out["tuned_step_size"] = np.asarray(mcmc.get_extra_fields()["step_size"])
+    return out
+"""
+
+DEVICES = COMMON + f"""
+import jax
+ALL = ("fixed", "resumed", "tuned")
+results = {{"unsharded": trajectories((jnp.asarray(X), jnp.asarray(Y)), ALL)}}
+for k in (2, 4):
+    mesh = data_mesh(jax.devices()[:k])
+    results[k] = trajectories(shard_rows(X, Y, mesh=mesh), ALL if k == 4 else ("fixed",))
+    assert shard_rows(X, mesh=mesh).addressable_shards[0].data.shape == (N // k, D)
+try:
+    shard_rows(X[:10], mesh=data_mesh())
+except ValueError as err:
+    error = str(err)
+mesh = data_mesh()
+mcmc = MCMC(SGNHT(regression, step_size={STEP}, diffusion={DIFFUSION}), num_warmup={NUM_WARMUP}, num_samples={NUM_SAMPLES},
+            num_chains={NUM_CHAINS}, chain_method="vectorized", thinning={THINNING}, progress_bar=False)
+mcmc.run(jax.random.PRNGKey(1), *shard_rows(X, Y, mesh=mesh))
+np.savez(sys.argv[1], posterior=np.asarray(mcmc.get_samples(group_by_chain=True)["w"]),
+         diverging=np.asarray(mcmc.get_extra_fields()["diverging"]),
+         **{{f"{{k}}/{{name}}": v for k, out in results.items() for name, v in out.items()}})
+print(json.dumps({{"devices": len(jax.devices()), "error": error}}))
+"""
+
+HOSTS = """
+import sys
+process, port, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+""" + COMMON + """
+rows = slice(process * N // 2, (process + 1) * N // 2)  # each host reads its own rows
+data = shard_rows(X[rows], Y[rows])
+assert data[0].shape == (N, D) and len(jax.devices()) == 4
+out = trajectories(data, ("fixed",), jit_model_args=True)
+errors = {}
+try:  # MCMC closes over its arguments without jit_model_args=True
+    MCMC(SGLD(regression, step_size=5e-4), num_warmup=1, num_samples=1, progress_bar=False).run(
+        jax.random.PRNGKey(0), *data)
+except ValueError as err:
+    errors["closure"] = str(err)
+try:  # the hosts disagree on the data's size
+    shard_rows(X[: N // 2 + process])
+except ValueError as err:
+    errors["rows"] = str(err)
+if process == 0:
+    np.savez(path, **out)
+print(json.dumps(errors))
+"""
+
+
+def _run(script, *args, devices):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env.pop("JAX_PLATFORMS", None)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _result(process, timeout=600):
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err[-4000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def four_devices(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sharding") / "devices.npz"
+    info = _result(_run(DEVICES, path, devices=4))
+    assert info["devices"] == 4
+    return dict(np.load(path)), info
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_same_trajectory_as_one_device(four_devices, devices):
+    """With the global draw, meshes of 2 and 4 devices follow the one-device (unsharded) trajectory (4: also the tuned
+    warm-up with epochs, and a resumed run) and give the same full-data log-likelihood."""
+    results, _ = four_devices
+    names = {key.split("/", 1)[1] for key in results if key.startswith(f"{devices}/")}
+    assert names == ({"fixed", "log_likelihood", "resumed", "tuned", "tuned_step_size"} if devices == 4
+                     else {"fixed", "log_likelihood"})
+    for name in sorted(names):
+        np.testing.assert_allclose(
+            results[f"{devices}/{name}"], results[f"unsharded/{name}"], rtol=RTOL, atol=ATOL, err_msg=name
+        )
+    assert results["unsharded/log_likelihood"].shape == (2, 100, NUM_DATA)
+
+
+def test_rows_that_do_not_divide_the_mesh(four_devices):
+    _, info = four_devices
+    assert "10 rows, which do not divide evenly over the mesh's data axis of 4 devices" in info["error"]
+    assert "[1, 2]" in info["error"] and "drop the last 2 rows" in info["error"] and "pad to 12 rows" in info["error"]
+
+
+def test_posterior_on_four_devices(four_devices):
+    """SGNHT on data sharded over 4 devices: the conjugate posterior within Monte Carlo error."""
+    results, _ = four_devices
+    X, Y, _ = linear_regression_data(NUM_DATA, NUM_FEATURES, NOISE, seed=0)
+    post_mean, post_cov = conjugate_posterior(X, Y, NOISE, PRIOR)
+    grad_cov = minibatch_gradient_cov(X, Y, post_mean, NOISE, BATCH)
+    predicted_bias = predicted_thermostat(np.linalg.inv(post_cov), grad_cov, STEP, DIFFUSION, "splitting")[1] - post_cov
+    assert_small_bias("sgnht", predicted_bias, np.sqrt(np.outer(np.diag(post_cov), np.diag(post_cov))), 0.05)
+    draws = results["posterior"]
+    assert draws.shape == (NUM_CHAINS, NUM_SAMPLES // THINNING, NUM_FEATURES)
+    assert not results["diverging"].any()
+    print(f"\nESS of w {np.round(ess(draws))}")
+    mean, mean_se = mean_and_mcse(draws)
+    assert_mc_close("mean on 4 devices", mean, post_mean, mean_se)
+    distance, distance_se = mean_and_mcse(mahalanobis(draws, post_mean, post_cov)[..., None] / NUM_FEATURES)
+    bias = np.trace(np.linalg.inv(post_cov) @ predicted_bias) / NUM_FEATURES
+    assert_mc_close("Mahalanobis/d on 4 devices", distance, 1.0, distance_se, allowance=bias)
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_hosts(tmp_path, four_devices):
+    """Two processes with 2 CPU devices each (gloo): the trajectory of one device, and clear errors."""
+    results, _ = four_devices
+    path, port = tmp_path / "hosts.npz", _free_port()
+    processes = [_run(HOSTS, process, port, path, devices=2) for process in (0, 1)]
+    errors = [_result(process) for process in processes]
+    hosts = dict(np.load(path))
+    for name in ("fixed", "log_likelihood"):
+        np.testing.assert_allclose(hosts[name], results[f"unsharded/{name}"], rtol=RTOL, atol=ATOL, err_msg=name)
+    for process_errors in errors:
+        assert "Pass `jit_model_args=True` to `MCMC`" in process_errors["closure"]
+        assert "the processes disagree on the data" in process_errors["rows"]
+        assert "[[500, 2, 3, 11], [501, 2, 3, 11]]" in process_errors["rows"]
