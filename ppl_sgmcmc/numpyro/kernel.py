@@ -364,7 +364,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         name = self.name
         self._set_warmup(num_warmup)
         if not self._tune:
-            _checks.first_step_size(self.step_size_at(0), name)
+            with jax.ensure_compile_time_eval():  # concrete also where NumPyro traces `init` (parallel chains)
+                _checks.first_step_size(self.step_size_at(0), name)
         if self._start_warning:
             warnings.warn(self._start_warning, UserWarning, stacklevel=2)
         model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
@@ -374,8 +375,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         else:
             rng_key, key_init = random.split(rng_key)
         if self._model is not None:
-            self._target = self._make_target(model_args, model_kwargs, key_init if not vectorized else key_init[0])
-            self._check_target(self._target)
+            with jax.ensure_compile_time_eval():  # the data checks stay concrete where NumPyro traces `init`
+                self._target = self._make_target(model_args, model_kwargs, key_init if not vectorized else key_init[0])
+                self._check_target(self._target)
         else:
             self._target = PotentialTarget(self._potential_fn, name)
         if init_params is None:
@@ -387,6 +389,12 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._check_dimension(self._target, flat.shape[0])
         self._epoch_steps = None if self._model is None else self._epoch_length(self._target)
         if self.rule.NEEDS == "per_example":  # one eager minibatch near the start (SGFS's Fisher)
+            if isinstance(flat, jax.core.Tracer):
+                raise ValueError(
+                    f"{name}: its start checks the per-datum scores of a minibatch on the host, which NumPyro's "
+                    "chain_method='parallel' does not allow (it traces the kernel's `init`). Run the chains with "
+                    "chain_method='vectorized' or 'sequential'."
+                )
             key = key_init if not vectorized else key_init[0]
             batch, _ = self._target.draw(key, self._target.init_batch(key))
             near = flat + 0.01 * random.normal(random.fold_in(key, 2), flat.shape, flat.dtype)  # not a special point

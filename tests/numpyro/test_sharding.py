@@ -47,7 +47,7 @@ COMMON = f"""
 import json, os, sys
 import jax, jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
 from numpyro.infer import MCMC
-from ppl_sgmcmc.numpyro import SGLD, SGNHT, full_data_log_likelihood
+from ppl_sgmcmc.numpyro import SGFS, SGLD, SGNHT, full_data_log_likelihood
 from ppl_sgmcmc.numpyro.sharding import data_mesh, shard_rows
 from tests.helpers import linear_regression_data
 
@@ -96,6 +96,17 @@ try:
     shard_rows(X[:10], mesh=data_mesh())
 except ValueError as err:
     error = str(err)
+for method in ("sequential", "parallel"):  # chains on separate devices (pmap), for a given and a tuned step size
+    for h in (5e-4, None):
+        mcmc = MCMC(SGLD(regression, step_size=h), num_warmup=200, num_samples=100, num_chains=2, chain_method=method,
+                    progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(0), jnp.asarray(X), jnp.asarray(Y))
+        results[method] = {{**results.get(method, {{}}), f"h={{h}}": np.asarray(mcmc.get_samples()["w"])}}
+try:  # SGFS checks per-datum scores on the host at its start, which a traced `init` cannot do
+    MCMC(SGFS(regression), num_warmup=200, num_samples=10, num_chains=2, chain_method="parallel",
+         progress_bar=False).run(jax.random.PRNGKey(0), jnp.asarray(X), jnp.asarray(Y))
+except ValueError as err:
+    sgfs_error = str(err)
 mesh = data_mesh()
 mcmc = MCMC(SGNHT(regression, step_size={STEP}, diffusion={DIFFUSION}), num_warmup={NUM_WARMUP}, num_samples={NUM_SAMPLES},
             num_chains={NUM_CHAINS}, chain_method="vectorized", thinning={THINNING}, progress_bar=False)
@@ -103,7 +114,7 @@ mcmc.run(jax.random.PRNGKey(1), *shard_rows(X, Y, mesh=mesh))
 np.savez(sys.argv[1], posterior=np.asarray(mcmc.get_samples(group_by_chain=True)["w"]),
          diverging=np.asarray(mcmc.get_extra_fields()["diverging"]),
          **{{f"{{k}}/{{name}}": v for k, out in results.items() for name, v in out.items()}})
-print(json.dumps({{"devices": len(jax.devices()), "error": error}}))
+print(json.dumps({{"devices": len(jax.devices()), "error": error, "sgfs_error": sgfs_error}}))
 """
 
 HOSTS = """
@@ -169,6 +180,16 @@ def test_same_trajectory_as_one_device(four_devices, devices):
             results[f"{devices}/{name}"], results[f"unsharded/{name}"], rtol=RTOL, atol=ATOL, err_msg=name
         )
     assert results["unsharded/log_likelihood"].shape == (2, 100, NUM_DATA)
+
+
+def test_parallel_chains_on_several_devices(four_devices):
+    """``chain_method="parallel"`` (NumPyro's ``pmap`` over devices, which traces the kernel's ``init``) gives the
+    draws of sequential chains, with a given and with a tuned step size; SGFS, whose start needs concrete values,
+    says to use another chain method."""
+    results, info = four_devices
+    for name in ("h=0.0005", "h=None"):
+        np.testing.assert_allclose(results[f"parallel/{name}"], results[f"sequential/{name}"], rtol=RTOL, atol=ATOL)
+    assert "chain_method='parallel' does not allow" in info["sgfs_error"] and "'vectorized'" in info["sgfs_error"]
 
 
 def test_rows_that_do_not_divide_the_mesh(four_devices):
