@@ -390,6 +390,13 @@ class Algorithm:
         preconditioner or a gradient multiplier override it."""
         return 1.0
 
+    def _watched_state(self, rule_state: Any) -> Any:
+        """The rule state's auxiliary variables whose size the health checks watch for a chain running off
+        (:func:`ppl_sgmcmc.health.check`: momentum, thermostat, preconditioner; ``None`` leaves are skipped).
+        All of them by default; an algorithm that also keeps running sums (CSGLD's energy statistics) leaves
+        those out."""
+        return rule_state
+
     def _step_cap(self, rule_state: Any) -> Any:
         """The cap of a tuned step size at unit curvature: :attr:`max_step_size` (pSGLD scales it by its
         preconditioner)."""
@@ -978,6 +985,11 @@ class CSGLD(Algorithm):
     def _restart_rule_state(self, rule_state: Any, u: Any, fresh_noise: Any, i: Any) -> Any:
         """The integrator's own position (one move ahead of the sample) at ``u``, a CSGHMC momentum redrawn."""
         return super()._restart_rule_state(rule_state, u, fresh_noise, i)._replace(position=u)
+
+    def _watched_state(self, rule_state: Any) -> Any:
+        """Not the energy grid and statistics (energies, and a running sum of their squared deviations, grow
+        with ``N`` and the run) nor the last sample's log-weight."""
+        return rule_state._replace(energy_min=None, energy_gap=None, energy_mean=None, energy_m2=None, log_weight=None)
 
     def noise_scale(self, rule_state: Any, i: Any) -> Any:
         """The squared gradient multiplier (divided by CSGHMC's friction): the flattening scales the

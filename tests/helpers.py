@@ -234,3 +234,15 @@ def mahalanobis(draws, mean, cov):
     of all coordinates at once, sharper than any single covariance entry."""
     centred = np.asarray(draws, np.float64) - mean
     return np.einsum("...i,ij,...j->...", centred, np.linalg.inv(cov), centred)
+
+
+def assert_linear_network_posterior(samples, X, y, noise, prior):
+    """The draws of a network with no hidden layer and one output (``layers.0.weight``, ``layers.0.bias``,
+    grouped by chain) match the conjugate posterior of the linear regression on ``X`` with an intercept,
+    within Monte Carlo error."""
+    draws = np.concatenate([samples["layers.0.weight"][..., 0, :], samples["layers.0.bias"]], axis=-1)
+    mu, cov = conjugate_posterior(np.hstack([X, np.ones((X.shape[0], 1), X.dtype)]), y, noise, prior)
+    mean, mean_mcse = mean_and_mcse(draws)
+    sd, sd_mcse = sd_and_mcse(draws)
+    assert_mc_close("mean", mean, mu, mean_mcse)
+    assert_mc_close("sd", sd, np.sqrt(np.diag(cov)), sd_mcse)

@@ -146,6 +146,19 @@ def test_runaway_warning():
     assert len(messages) == 1 and "diverging" in messages[0]
 
 
+def test_csgld_energy_statistics_are_not_a_runaway():
+    """CSGLD keeps the energy grid and running energy statistics in its state; energies of 1e9 (a large data set's
+    potential) are not a chain running off, on either backend."""
+    kernel = np_backend.CSGLD(potential_fn=lambda z: 1e9 + normal_energy_jax(z), step_size=0.1, energy_min=1e9,
+                              energy_gap=1.0)  # fmt: skip
+    _, messages = quiet(lambda: run_numpyro(kernel, init={"x": jnp.ones(2)}))
+    assert messages == []
+    kernel = pyro_backend.CSGLD(potential_fn=lambda z: 1e9 + normal_energy_torch(z), step_size=0.1, energy_min=1e9,
+                                energy_gap=1.0)  # fmt: skip
+    _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
+    assert messages == []
+
+
 def test_frozen_chain_warning():
     """A chain that does not move (here a step size of 1e-30: every step rounds to no move) is reported on
     both backends."""

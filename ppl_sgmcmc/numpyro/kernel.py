@@ -518,7 +518,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             return state._replace(
                 health=health.update(
                     state.health, state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0],
-                    state.rule_state, self._measured_ratio(state), self.noise_ratio_limit,
+                    self._watched_state(state.rule_state), self._measured_ratio(state), self.noise_ratio_limit,
                     state.adapt_state.restarts if self.adapts else 0,
                 )
             )

@@ -523,7 +523,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             ratio = state.noise_ratio if measured else float("nan")  # as NumPyro's `_measured_ratio`
             restarts = state.adapt_state.restarts if self.adapts else 0
             checks = health.update(
-                checks, state.i, state.num_diverging, state.step_size, self._flat, state.rule_state, ratio,
+                checks, state.i, state.num_diverging, state.step_size, self._flat, self._watched_state(state.rule_state), ratio,
                 self.noise_ratio_limit, restarts,
             )
             self._health_state = checks

@@ -15,15 +15,9 @@ from pyro.infer.autoguide import init_to_uniform
 from models import bnn, bnn_pyro
 from models.datasets import load_mnist, split_uci
 from ppl_sgmcmc.pyro import SGLD
-from tests.helpers import assert_mc_close, conjugate_posterior, mean_and_mcse, sd_and_mcse
+from tests.helpers import assert_linear_network_posterior
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small tensors: threads only add contention on 2 shared cores
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _weights(sizes, seed=1, draws=()):
@@ -120,9 +114,4 @@ def test_linear_network_samples_the_conjugate_posterior():
     mcmc = MCMC(SGLD(model, step_size=2e-5), warmup_steps=300, num_samples=6000, disable_progbar=True)
     mcmc.run(torch.as_tensor(X), torch.as_tensor(y))
     samples = {k: v.numpy() for k, v in mcmc.get_samples(group_by_chain=True).items()}
-    draws = np.concatenate([samples["layers.0.weight"][..., 0, :], samples["layers.0.bias"]], axis=-1)
-    mu, cov = conjugate_posterior(np.hstack([X, np.ones((400, 1), np.float32)]), y, noise, prior)
-    mean, mean_mcse = mean_and_mcse(draws)
-    sd, sd_mcse = sd_and_mcse(draws)
-    assert_mc_close("mean", mean, mu, mean_mcse)
-    assert_mc_close("sd", sd, np.sqrt(np.diag(cov)), sd_mcse)
+    assert_linear_network_posterior(samples, X, y, noise, prior)

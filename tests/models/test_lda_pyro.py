@@ -27,13 +27,7 @@ from tests.models.test_lda import (
     tiny_corpus,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small tensors: threads only add contention on 2 shared cores
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_distributions_match_the_numpyro_declaration():
