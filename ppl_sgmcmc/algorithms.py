@@ -756,19 +756,29 @@ class PSGLD(Algorithm):
     ``ḡ_t`` is the mean per-datum log-likelihood gradient of the minibatch. The ``Γ(θ)`` term is
     dropped, as in the paper. A latent that the likelihood does not inform (its mean score is 0) gets
     ``G = 1/λ``: choose ``step_size`` with ``h/λ`` in mind, or raise ``eps``, for models with such
-    latents. ``V`` averages over about ``1/(1-α)`` minibatches, so at the default ``α = 0.99`` the
+    latents. With the warm-up's preconditioner (``adapt_mass_matrix``, on when the step size is tuned) the rule
+    runs in coordinates where the posterior has unit scale, and there the mean score of ``n`` of ``N`` rows has
+    a root mean square of at most about ``1/sqrt(n N)``: that is ``λ``'s default then, so that ``G`` stays within
+    a factor 2 of its typical value. Otherwise a feature present in a handful of rows (one-hot data) keeps
+    ``V ≈ 0`` between the minibatches that hold one of its rows, ``G ≈ 1/λ`` is orders of magnitude above the
+    other coordinates', and the rare minibatch that holds the row kicks the chain by ``h G`` times ``N/n`` times
+    its score: a chain much wider than the posterior in those coordinates, with a small noise ratio (the kicks
+    are rare). ``V`` averages over about ``1/(1-α)`` minibatches, so at the default ``α = 0.99`` the
     preconditioner follows the minibatch noise of ``ḡ_t`` and, with ``Γ`` dropped, the chain carries a
     bias that does not vanish as ``h → 0``; a larger ``α`` (0.999) reduces it (see the algorithm page).
 
     :param step_size: ``h``, a float or a schedule.
     :param alpha: the RMSprop decay ``α ∈ (0, 1)`` (default 0.99).
-    :param eps: the regulariser ``λ > 0`` (default 1e-5).
+    :param eps: the regulariser ``λ > 0`` (default ``1/sqrt(n N)`` with ``adapt_mass_matrix`` on a model with a
+        subsampled plate of ``n`` of ``N`` rows, else 1e-5).
     :param temperature: ``τ`` (default 1).
 
     Other arguments: see :class:`Algorithm`.
     """
 
     rule = psgld_rule
+    #: ``λ`` without the warm-up's preconditioner (or without a subsampled plate), unless given.
+    default_eps: ClassVar[float] = 1e-5
 
     def _preconditioner(self, rule_state: Any) -> Any:
         """pSGLD's ``G = 1 ⊘ (λ + sqrt(V))``."""
@@ -801,14 +811,22 @@ class PSGLD(Algorithm):
         *,
         step_size: float | Callable[[Any], Any] | None = None,
         alpha: float = 0.99,
-        eps: float = 1e-5,
+        eps: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        self._eps_given = eps is not None
         self._options = {
             "alpha": _checks.in_unit_interval("alpha", alpha, self.name),
-            "eps": _checks.positive("eps", eps, self.name),
+            "eps": self.default_eps if eps is None else _checks.positive("eps", eps, self.name),
         }
+
+    def _check_target(self, target: Any) -> None:
+        """``λ = 1/sqrt(n N)`` unless given, with the preconditioner in force (see the class docstring)."""
+        super()._check_target(target)
+        if not self._eps_given and self._adapt_mass and target.plate_sizes:
+            size, n = max(target.plate_sizes.values())
+            self._options["eps"] = 1.0 / math.sqrt(n * size)
 
 
 class SGRLD(Algorithm):

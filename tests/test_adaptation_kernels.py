@@ -161,6 +161,24 @@ def test_given_step_size_switches_tuning_off(backend):
 
 
 @pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_psgld_regulariser_on_the_scale_of_the_scores(backend):
+    """pSGLD's λ defaults to 1/sqrt(n N) with the warm-up's preconditioner (the RMS of a mean score of n rows
+    in coordinates of unit posterior scale), so that G stays within a factor 2 of its typical value; 1e-5
+    with a given step size (no preconditioner), and as given when given."""
+    def started(**options):
+        kernel = backend.PSGLD(numpyro_model if backend is np_backend else pyro_model, **options)
+        if backend is np_backend:
+            kernel.init(jax.random.PRNGKey(0), 200, None, (jnp.asarray(X), jnp.asarray(Y)))
+        else:
+            kernel.setup(200, torch.tensor(X, dtype=torch.float32), torch.tensor(Y, dtype=torch.float32))
+        return kernel.hyperparameters()["eps"]
+
+    assert started() == pytest.approx(1 / np.sqrt(BATCH * N))
+    assert started(step_size=1e-4) == 1e-5
+    assert started(eps=1e-3) == 1e-3
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
 def test_bad_adaptation_options(backend):
     with pytest.raises(ValueError, match="SGRLD: `adapt_mass_matrix`/`dense_mass` are not available"):
         backend.SGRLD(potential_fn=lambda z: 0.0, step_size=0.1, adapt_mass_matrix=True)

@@ -4,6 +4,7 @@ An algorithm subclass names its update rule (a module of :mod:`ppl_sgmcmc.rules`
 validated hyper-parameters; everything else is here.
 """
 
+import contextlib
 import warnings
 from functools import partial
 from typing import Any, NamedTuple
@@ -375,7 +376,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         else:
             rng_key, key_init = random.split(rng_key)
         if self._model is not None:
-            with jax.ensure_compile_time_eval():  # the data checks stay concrete where NumPyro traces `init`
+            # where NumPyro traces `init` (parallel chains), the data checks are evaluated, not traced
+            traced = isinstance(key_init, jax.core.Tracer)
+            with jax.ensure_compile_time_eval() if traced else contextlib.nullcontext():
                 self._target = self._make_target(model_args, model_kwargs, key_init if not vectorized else key_init[0])
                 self._check_target(self._target)
         else:
