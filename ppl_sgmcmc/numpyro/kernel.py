@@ -364,8 +364,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """
         name = self.name
         self._set_warmup(num_warmup)
+        # NumPyro traces `init` under `pmap` for parallel chains: the checks below are then evaluated, not traced
+        traced = isinstance(rng_key, jax.core.Tracer)
+        concrete = jax.ensure_compile_time_eval if traced else contextlib.nullcontext
         if not self._tune:
-            with jax.ensure_compile_time_eval():  # concrete also where NumPyro traces `init` (parallel chains)
+            with concrete():
                 _checks.first_step_size(self.step_size_at(0), name)
         if self._start_warning:
             warnings.warn(self._start_warning, UserWarning, stacklevel=2)
@@ -376,9 +379,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         else:
             rng_key, key_init = random.split(rng_key)
         if self._model is not None:
-            # where NumPyro traces `init` (parallel chains), the data checks are evaluated, not traced
-            traced = isinstance(key_init, jax.core.Tracer)
-            with jax.ensure_compile_time_eval() if traced else contextlib.nullcontext():
+            with concrete():
                 self._target = self._make_target(model_args, model_kwargs, key_init if not vectorized else key_init[0])
                 self._check_target(self._target)
         else:
@@ -392,7 +393,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._check_dimension(self._target, flat.shape[0])
         self._epoch_steps = None if self._model is None else self._epoch_length(self._target)
         if self.rule.NEEDS == "per_example":  # one eager minibatch near the start (SGFS's Fisher)
-            if isinstance(flat, jax.core.Tracer):
+            if traced:
                 raise ValueError(
                     f"{name}: its start checks the per-datum scores of a minibatch on the host, which NumPyro's "
                     "chain_method='parallel' does not allow (it traces the kernel's `init`). Run the chains with "
@@ -508,7 +509,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         once its warning is out)."""
         try:
             self._report(flags, values)
-        except Exception:  # noqa: BLE001 - raised again by report_health, outside the compiled run
+        except Warning:  # a warning filtered into an error: raised again by report_health, outside the run
             pass
 
     def _update_health(self, state, before):
