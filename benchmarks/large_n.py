@@ -27,7 +27,9 @@ import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
 from ppl_sgmcmc.numpyro import SGLD
 
 N, d, n = int(sys.argv[1]), 20, 1000
-X = jax.random.normal(jax.random.PRNGKey(1), (N, d), jnp.float32)  # made on the device: no host copy
+blocks = 100  # made on the device a block of rows at a time: no host copy, no temporaries the size of the data
+X = jax.jit(lambda key: jax.lax.map(lambda k: jax.random.normal(k, (N // blocks, d), jnp.float32),
+                                    jax.random.split(key, blocks)).reshape(N, d))(jax.random.PRNGKey(1))
 y = (X @ jnp.linspace(-1, 1, d) > 0).astype(jnp.float32)
 jax.block_until_ready(y)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6

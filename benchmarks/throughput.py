@@ -755,15 +755,18 @@ def repeated_runs_section():
     compilation_cache.reset_cache()
 
 
-def health_callback_section(X, y, steps=20000, repeats=9):
-    """The in-loop health report's cost: ``kernel.sample`` of the a9a model in a bare ``lax.scan`` of ``steps``
-    steps (given step size), compiled with the health checks' host callback (as under ``numpyro.infer.MCMC``)
-    and without it (as under ``ppl_sgmcmc.numpyro.MCMC``, which reports after the run), timed round-robin."""
+def health_callback_section(X, y, steps=20000, repeats=9, calls=2000):
+    """The in-loop health report's cost: ``kernel.sample`` of the a9a model (given step size) compiled with the
+    health checks' host callback (as under ``numpyro.infer.MCMC``) and without it (as under
+    ``ppl_sgmcmc.numpyro.MCMC``, which reports after the run), timed round-robin two ways: ``steps`` steps in
+    a bare ``lax.scan`` (NumPyro's loop without a progress bar), and ``calls`` calls of a jitted step from
+    Python (NumPyro's loop with its progress bar, or a hand-driven ``jax.jit(kernel.sample)``)."""
     print()
-    print(f"## The health report's host callback in the loop (a9a, bare scan of {steps} steps, best of {repeats})")
+    print(f"## The health report's host callback (a9a; a bare scan of {steps} steps, and {calls} jitted calls "
+          f"from Python; best of {repeats})")
     print()
-    print("| kernel | with callback (steps/s) | without (steps/s) | cost |")
-    print("|---|---:|---:|---:|")
+    print("| kernel | scan: with callback (steps/s) | without | cost | calls: with callback (steps/s) | without | cost |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, make in (("SGLD", SGLD), ("SGNHT", SGNHT)):
         fns = {}
         for callback in (True, False):
@@ -778,11 +781,22 @@ def health_callback_section(X, y, steps=20000, repeats=9):
 
                 return lax.scan(body, state, None, length=steps)
 
-            fns[callback] = (jax.jit(run), state)
+            step = jax.jit(kernel.sample)
+
+            def called(state, step=step):
+                for _ in range(calls):
+                    state = step(state, (X, y), {})
+                return state
+
+            fns["scan", callback] = (jax.jit(run), state)
+            fns["calls", callback] = (called, state)
         with warnings.catch_warnings():  # the step size is too large for the noise: the callback says so
             warnings.simplefilter("ignore", RuntimeWarning)
-            rates = interleaved_rates(fns, steps, repeats)
-        print(f"| {name} | {fmt(rates[True])} | {fmt(rates[False])} | {rates[False] / rates[True]:.2f}x |", flush=True)
+            scans = interleaved_rates({k: v for k, v in fns.items() if k[0] == "scan"}, steps, repeats)
+            loops = interleaved_rates({k: v for k, v in fns.items() if k[0] == "calls"}, calls, repeats)
+        cells = [f"{fmt(r[w, True])} | {fmt(r[w, False])} | {r[w, False] / r[w, True]:.2f}x"
+                 for w, r in (("scan", scans), ("calls", loops))]
+        print(f"| {name} | {' | '.join(cells)} |", flush=True)
 
 
 def machine_info():

@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax, random
 from numpyro.handlers import condition, seed, substitute, trace
-from numpyro.infer.util import compute_log_probs, constrain_fn, initialize_model
+from numpyro.infer.util import compute_log_probs, constrain_fn
 
 from ppl_sgmcmc import _checks
 from ppl_sgmcmc._checks import GibbsFnError  # noqa: F401  (re-exported: raised by the sweeps)
@@ -107,19 +107,14 @@ class GibbsTarget(ModelTarget):
         return trace(seed(model, rng_key)).get_trace(*model_args, **model_kwargs)
 
     def initial_params(self, rng_key, init_strategy, model_args, model_kwargs):
-        key = rng_key if rng_key.ndim == 1 else rng_key[0]
-        (indices, key_local), _ = self.draw(key, self.init_batch(rng_key))
-        minibatch_model = substitute(self.model, data=indices)
-        prior_trace = self._prior_local(minibatch_model, key_local, model_args, model_kwargs)
-        local = {name: prior_trace[name]["value"] for name in self.gibbs_sites}
-        info = initialize_model(
-            rng_key,
-            condition(minibatch_model, data=local),
-            init_strategy=init_strategy,
-            model_args=model_args,
-            model_kwargs=model_kwargs,
-        )
-        return self._to_position(info.param_info.z)
+        def minibatch_model(rng_key, model_args, model_kwargs):
+            key = rng_key if rng_key.ndim == 1 else rng_key[0]
+            (indices, key_local), _ = self.draw(key, self.init_batch(rng_key))
+            minibatch_model = substitute(self.model, data=indices)
+            prior_trace = self._prior_local(minibatch_model, key_local, model_args, model_kwargs)
+            return condition(minibatch_model, data={name: prior_trace[name]["value"] for name in self.gibbs_sites})
+
+        return self._initialize(rng_key, minibatch_model, init_strategy, model_args, model_kwargs)
 
     def local_samples(self, flat, unravel, batch, model_args, model_kwargs):
         """The kept sweeps of the local sites at the position ``flat``: ``{name: (kept, *shape)}``."""

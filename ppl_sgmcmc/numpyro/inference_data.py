@@ -27,7 +27,8 @@ from numpyro.infer import MCMC, Predictive
 from numpyro.infer import log_likelihood as numpyro_log_likelihood
 
 from ppl_sgmcmc import _model_checks
-from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel, _split_arrays
+from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
+from ppl_sgmcmc.numpyro.potential import split_arrays
 from ppl_sgmcmc.numpyro.sharding import to_host
 
 __all__ = ["MAX_LOG_LIKELIHOOD_BYTES", "full_data_log_likelihood", "predictive", "to_inference_data"]
@@ -100,7 +101,7 @@ def full_data_log_likelihood(
     total = num_chains * num_draws
     flat = jax.tree.map(lambda x: x.reshape((total,) + x.shape[2:]), samples)
     # the data are arguments of the compiled function, not constants in it (large N; data on several hosts)
-    data, merge = _split_arrays((mcmc._args, mcmc._kwargs))
+    data, merge = split_arrays((mcmc._args, mcmc._kwargs))
 
     @jax.jit
     def evaluate(s, data):

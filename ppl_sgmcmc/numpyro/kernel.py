@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, random, vmap
-from jax.experimental import io_callback
 from jax.flatten_util import ravel_pytree
 from numpyro.distributions import constraints
 from numpyro.infer.initialization import init_to_uniform
@@ -24,7 +23,7 @@ from ppl_sgmcmc import _checks, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.numpyro import gibbs, sharding, warmup
 from ppl_sgmcmc.numpyro.handlers import full_data
-from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors
+from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors, split_arrays
 from ppl_sgmcmc.rules import has_momentum, refresh_momentum
 
 
@@ -109,30 +108,6 @@ def _unknown_field(state, name):
 
 
 _HMC_FIELDS = ("accept_prob", "mean_accept_prob", "num_steps", "adapt_state", "energy", "trajectory_length")
-
-
-class _Merge:
-    """Rebuilds a pytree from its array leaves (see :func:`_split_arrays`)."""
-
-    def __init__(self, treedef, static, static_paths):
-        self.treedef, self.static, self.static_paths = treedef, static, static_paths
-
-    def __call__(self, arrays):
-        arrays = iter(arrays)
-        return self.treedef.unflatten([next(arrays) if leaf is _ARRAY else leaf for leaf in self.static])
-
-
-_ARRAY = object()
-
-
-def _split_arrays(tree):
-    """``(array leaves, merge)``: the array leaves of ``tree`` (to pass to a compiled function) and
-    ``merge(arrays)``, which rebuilds ``tree`` with its other leaves (Python numbers, strings) in place."""
-    with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    arrays = [leaf for _, leaf in with_paths if isinstance(leaf, jax.Array)]
-    static = [_ARRAY if isinstance(leaf, jax.Array) else leaf for _, leaf in with_paths]
-    static_paths = {path for path, leaf in with_paths if not isinstance(leaf, jax.Array)}
-    return arrays, _Merge(treedef, static, static_paths)
 
 
 def _all_finite(tree):
@@ -407,7 +382,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._check_scores(rows, [name for name in sorted(start) for _ in range(jnp.size(start[name]))])
         # the data arrays are arguments of the compiled function, not constants baked into it (large N);
         # other leaves (a `batch_size` used as `subsample_size`) stay static
-        data, merge = _split_arrays((model_args, model_kwargs))
+        data, merge = split_arrays((model_args, model_kwargs))
         self._static_leaves = merge.static_paths
 
         def init_one(params, key, data):
@@ -503,14 +478,20 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._health.report(flags.tolist(), values.tolist())
 
     def _report_in_run(self, flags, values):
-        """:meth:`report_health` from the compiled step's host callback. A warning that a filter turns into an
-        exception would abort the run from inside the callback: it is left to :meth:`report_health`, which
-        raises it on the host after the run (:class:`ppl_sgmcmc.health.Reporter` marks a kind reported only
-        once its warning is out)."""
+        """:meth:`report_health` from the compiled step's host callback; returns ``flags`` unchanged.
+
+        The step keeps the returned flags, so that the call, a :func:`jax.pure_callback` to JAX, is neither
+        dropped nor an effect: a compiled program with an effect (an ``io_callback``) loses JAX's fast
+        dispatch, which made every call of a jitted step from Python (NumPyro's progress bar) several times
+        slower. Reporting is idempotent (once per run and kind), so it does not matter how often JAX calls it.
+        A warning that a filter turns into an exception would abort the run from inside the callback: it is
+        left to :meth:`report_health`, which raises it on the host after the run
+        (:class:`ppl_sgmcmc.health.Reporter` marks a kind reported only once its warning is out)."""
         try:
             self._report(flags, values)
         except Warning:  # a warning filtered into an error: raised again by report_health, outside the run
             pass
+        return flags
 
     def _update_health(self, state, before):
         """``state`` with its health checks run if the step count passed a power of two since ``before``
@@ -530,7 +511,15 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         def checked(state):
             state = (vmap(update) if self._vectorized else update)(state)
             if not self._reports_after_run:  # `numpyro.infer.MCMC` reads nothing after the run: report now
-                io_callback(self._report_in_run, None, state.health.flags, state.health.values, ordered=False)
+                flags = state.health.flags
+                flags = jax.pure_callback(
+                    self._report_in_run,
+                    jax.ShapeDtypeStruct(flags.shape, flags.dtype),
+                    flags,
+                    state.health.values,
+                    vmap_method="sequential",
+                )
+                state = state._replace(health=state.health._replace(flags=flags))
             return state
 
         if self._vectorized:
@@ -641,7 +630,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         flat, _ = ravel_pytree(state.z)
         gradient_state = state.gradient_state
         if self._epoch_steps is not None:  # a new centre every epoch (SVRG), all chains at once
-            data, merge = _split_arrays((model_args, model_kwargs))
+            data, merge = split_arrays((model_args, model_kwargs))
 
             def recentre(gradient_state, args):
                 x, data = args

@@ -104,6 +104,30 @@ class Target(Protocol):
         ...
 
 
+class _Merge:
+    """Rebuilds a pytree from its array leaves (see :func:`split_arrays`)."""
+
+    def __init__(self, treedef, static, static_paths):
+        self.treedef, self.static, self.static_paths = treedef, static, static_paths
+
+    def __call__(self, arrays):
+        arrays = iter(arrays)
+        return self.treedef.unflatten([next(arrays) if leaf is _ARRAY else leaf for leaf in self.static])
+
+
+_ARRAY = object()
+
+
+def split_arrays(tree):
+    """``(array leaves, merge)``: the array leaves of ``tree`` (to pass to a compiled function) and
+    ``merge(arrays)``, which rebuilds ``tree`` with its other leaves (Python numbers, strings) in place."""
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    arrays = [leaf for _, leaf in with_paths if isinstance(leaf, jax.Array)]
+    static = [_ARRAY if isinstance(leaf, jax.Array) else leaf for _, leaf in with_paths]
+    static_paths = {path for path, leaf in with_paths if not isinstance(leaf, jax.Array)}
+    return arrays, _Merge(treedef, static, static_paths)
+
+
 def as_jax_arrays(tree: Any) -> Any:
     """Turn NumPy array leaves into JAX arrays so that traced minibatch indices can index them.
 
@@ -368,15 +392,44 @@ class ModelTarget:
         model_kwargs: Mapping[str, Any],
     ) -> Params:
         """Valid unconstrained initial values (a batch of them for a batch of keys)."""
-        batch, _ = self.draw(rng_key if rng_key.ndim == 1 else rng_key[0], self.init_batch(rng_key))
-        info = initialize_model(
-            rng_key,
-            substitute(self.model, data=batch),
-            init_strategy=init_strategy,
-            model_args=model_args,
-            model_kwargs=model_kwargs,
-        )
-        return self._to_position(info.param_info.z)
+
+        def minibatch_model(rng_key, model_args, model_kwargs):
+            batch, _ = self.draw(rng_key if rng_key.ndim == 1 else rng_key[0], self.init_batch(rng_key))
+            return substitute(self.model, data=batch)
+
+        return self._initialize(rng_key, minibatch_model, init_strategy, model_args, model_kwargs)
+
+    def _initialize(
+        self,
+        rng_key: jax.Array,
+        minibatch_model: Callable[..., Callable[..., Any]],
+        init_strategy: Callable[..., Any],
+        model_args: tuple[Any, ...],
+        model_kwargs: Mapping[str, Any],
+    ) -> Params:
+        """NumPyro's ``initialize_model`` search for values with a finite potential and gradient on the model of
+        the first minibatch, ``minibatch_model(rng_key, model_args, model_kwargs)``, run as one compiled program
+        with the data arrays as its arguments. (For one chain NumPyro evaluates its first try op by op, compiling
+        each small operation on its own: seconds, whatever the data's size.) If the search fails, it runs again
+        as NumPyro runs it, which raises NumPyro's error naming the site."""
+        data, merge = split_arrays((model_args, model_kwargs))
+
+        def search(rng_key, data):
+            args, kwargs = merge(data)
+            model = minibatch_model(rng_key, args, kwargs)
+            found = initialize_model(rng_key, model, init_strategy=init_strategy, model_args=args, model_kwargs=kwargs)
+            info = found.param_info
+            finite = [jnp.isfinite(x).all() for x in jax.tree.leaves((info.potential_energy, info.z_grad))]
+            return info.z, jnp.stack(finite).all()
+
+        z, valid = jax.jit(search)(rng_key, data)
+        if not isinstance(valid, jax.core.Tracer) and not bool(valid):
+            model = minibatch_model(rng_key, model_args, model_kwargs)
+            found = initialize_model(
+                rng_key, model, init_strategy=init_strategy, model_args=model_args, model_kwargs=model_kwargs
+            )
+            z = found.param_info.z
+        return self._to_position(z)
 
     def _to_position(self, unconstrained: Params) -> Params:
         """Unconstrained values as the chain's position: themselves, or mapped to the support if :attr:`constrained`."""

@@ -22,8 +22,8 @@ from numpyro.distributions.transforms import biject_to
 from numpyro.infer import MCMC
 
 from ppl_sgmcmc import diagnostics
-from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel, _split_arrays
-from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays
+from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
+from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, split_arrays
 
 __all__ = ["DRAWS_PER_BLOCK", "RunView", "full_data_score"]
 
@@ -63,7 +63,7 @@ def _scores(
     _, unravel = ravel_pytree({name: jnp.asarray(value, flat.dtype)[0] for name, value in latents.items()})
     batches = target.epoch(rng_key, target.data_size)
     count = jax.tree.leaves(batches)[0].shape[0]
-    data, merge = _split_arrays((model_args, model_kwargs))
+    data, merge = split_arrays((model_args, model_kwargs))
 
     @jax.jit
     def rows(flat: jax.Array, batches: Any, data: list) -> jax.Array:

@@ -200,3 +200,39 @@ def test_a_batch_size_argument_stays_static():
     mcmc = MCMC(SGLD(_mean_model, step_size=1e-3), num_warmup=5, num_samples=5, progress_bar=False, jit_model_args=True)
     with pytest.raises(ValueError, match="jit_model_args=True.*positional argument 1 is a Python number.*partial"):
         mcmc.run(jax.random.PRNGKey(0), jnp.ones(100), 20)
+
+
+def _half_valid_model(y):
+    """A model whose potential is infinite for a < 0: half of init_to_uniform's first tries are invalid."""
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+    numpyro.factor("positive", jnp.where(a > 0, 0.0, -jnp.inf))
+    with numpyro.plate("data", y.shape[0], subsample_size=10):
+        numpyro.sample("y", dist.Normal(a, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_initial_values_search_retries_until_valid():
+    """The compiled initial-value search (NumPyro's, run as one program) retries invalid draws as NumPyro does."""
+    y = jnp.ones(100)
+    starts = [float(SGLD(_half_valid_model, step_size=1e-3).init(jax.random.PRNGKey(seed), 0, None, (y,)).z["a"])
+              for seed in range(8)]
+    assert all(a > 0 for a in starts) and len(set(starts)) == 8
+
+
+def test_no_valid_initial_values_raises_numpyros_error():
+    def model(y):
+        a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+        numpyro.factor("never", -jnp.inf)
+        with numpyro.plate("data", y.shape[0], subsample_size=10):
+            numpyro.sample("y", dist.Normal(a, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+    with pytest.raises(RuntimeError, match="Cannot find valid initial parameters"):
+        SGLD(model, step_size=1e-3).init(jax.random.PRNGKey(0), 0, None, (jnp.ones(100),))
+
+
+def test_the_compiled_step_has_no_effects(logistic_data):
+    """The health report's host callback is not an effect: a jitted step called from Python (NumPyro's progress
+    bar) keeps JAX's fast dispatch path, which a program with an effect loses."""
+    kernel = SGLD(logistic_model, step_size=1e-3)
+    state = kernel.init(jax.random.PRNGKey(0), 10, None, logistic_data)
+    assert not kernel._reports_after_run
+    assert jax.make_jaxpr(kernel.sample)(state, logistic_data, {}).effects == set()
