@@ -7,7 +7,7 @@ data are written once per N to ``.npy`` files (``--dir``, default a temporary di
 never held whole in memory). Every measurement runs in a fresh subprocess, which reports:
 
 * ``steps/s``: ``kernel.sample`` in one compiled ``lax.fori_loop`` of ``STEPS`` steps (as ``MCMC`` runs them
-  without a progress bar), after a compiled run of 20 untimed steps;
+  without a progress bar), after a compiled run of 20 untimed steps; the best of ``REPEATS`` runs;
 * ``private (GB)``: the process's anonymous resident memory at the end (``RssAnon`` of ``/proc/self/status``):
   what the process owns. A memmap's pages, once read, are resident too but belong to the page cache, which the
   kernel evicts under pressure: they are reported apart as ``file-backed (GB)`` (``RssFile``);
@@ -15,7 +15,8 @@ never held whole in memory). Every measurement runs in a fresh subprocess, which
 
 ``resident``: the file loaded into a JAX array (``jnp.asarray(np.load(...))``); ``streamed``: the same file as a
 :class:`~ppl_sgmcmc.numpyro.streaming.HostArray` over ``np.load(..., mmap_mode="r")`` under
-:class:`~ppl_sgmcmc.numpyro.streaming.streamed` (features and labels both). ``devices``: N = 1e6 rows
+:class:`~ppl_sgmcmc.numpyro.streaming.streamed` (features and labels both: two host reads per step);
+``streamed X``: the features streamed, the labels (a twentieth of the bytes) on the device. ``devices``: N = 1e6 rows
 sharded with :func:`~ppl_sgmcmc.numpyro.sharding.shard_rows` over 1, 2 and 4 CPU devices
 (``--xla_force_host_platform_device_count``).
 
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-D, BATCH, STEPS = 20, 1000, 1000
+D, BATCH, STEPS, REPEATS = 20, 1000, 1000, 3
 CHUNK = 1_000_000  # rows written at a time
 
 CHILD = rf"""
@@ -48,7 +49,7 @@ from ppl_sgmcmc.numpyro import SGLD
 from ppl_sgmcmc.numpyro.sharding import data_mesh, shard_rows
 from ppl_sgmcmc.numpyro.streaming import HostArray, streamed
 
-BATCH, STEPS = {BATCH}, {STEPS}
+BATCH, STEPS, REPEATS = {BATCH}, {STEPS}, {REPEATS}
 
 
 def model(X, y):
@@ -63,9 +64,10 @@ def memory():
     return {{key: int(status[key].split()[0]) / 1e6 for key in ("RssAnon", "RssFile")}}
 
 
-if layout == "streamed":
+if layout.startswith("streamed"):  # "streamed": X and y on the host; "streamed X": y on the device
     X = HostArray(np.load(path_X, mmap_mode="r"), dtype=np.float32)
-    y, kernel = HostArray(np.load(path_y, mmap_mode="r")), SGLD(streamed(model), step_size=1e-6)
+    y = HostArray(np.load(path_y, mmap_mode="r")) if layout == "streamed" else jnp.asarray(np.load(path_y))
+    kernel = SGLD(streamed(model), step_size=1e-6)
 elif layout == "resident":
     X, y, kernel = jnp.asarray(np.load(path_X)), jnp.asarray(np.load(path_y)), SGLD(model, step_size=1e-6)
 else:  # sharded over `devices` devices
@@ -75,9 +77,12 @@ state = kernel.init(jax.random.PRNGKey(0), 0, None, (X, y))
 # the steps in one compiled loop (as MCMC runs them without a progress bar)
 run = jax.jit(lambda state, data, steps: jax.lax.fori_loop(0, steps, lambda _, s: kernel.sample(s, data, {{}}), state))
 state = jax.block_until_ready(run(state, (X, y), 20))
-start = time.perf_counter()
-state = jax.block_until_ready(run(state, (X, y), STEPS))
-rate = STEPS / (time.perf_counter() - start)
+times = []
+for _ in range(REPEATS):
+    start = time.perf_counter()
+    state = jax.block_until_ready(run(state, (X, y), STEPS))
+    times.append(time.perf_counter() - start)
+rate = STEPS / min(times)
 print(json.dumps(dict(steps_per_s=rate, peak_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, **memory())))
 """
 
@@ -124,8 +129,8 @@ def main() -> None:
     for rows in sizes:
         paths = write_data(directory, rows)
         size = sum(path.stat().st_size for path in paths) / 1e9
-        for layout in ("resident", "streamed"):
-            if layout == "resident" and rows > args.resident_max_rows:
+        for layout in ("resident", "streamed", "streamed X"):
+            if layout != "streamed" and rows > args.resident_max_rows:
                 continue
             row = measure(layout, paths)
             print(

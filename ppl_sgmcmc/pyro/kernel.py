@@ -28,6 +28,21 @@ from ppl_sgmcmc.rules import has_momentum, refresh_momentum
 __all__ = ["SGMCMCKernel", "SGMCMCState"]
 
 
+def _check_one_process(kernel: str) -> None:
+    """Refuse a run inside a ``torch.distributed`` group of several processes: the Pyro kernels compute every
+    gradient in one process, so each process would silently run a chain of its own on its own data."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        size = torch.distributed.get_world_size()
+        if size > 1:
+            raise NotImplementedError(
+                f"{kernel}: torch.distributed is initialised with {size} processes, but the Pyro kernels do not "
+                "split a gradient over processes: each process would run a chain of its own on the data it "
+                "holds, not one data-parallel chain. For minibatch gradients over several devices or hosts use "
+                "the NumPyro kernels with `ppl_sgmcmc.numpyro.sharding.shard_rows`; for several chains, Pyro's "
+                "`MCMC(num_chains=...)` in one process group of size 1 (see the user guide, 'Large data and "
+                "many devices')."
+            )
+
 class SGMCMCState(NamedTuple):
     """State of an SG-MCMC chain after a step (the kernel's :attr:`~SGMCMCKernel.state`).
 
@@ -295,6 +310,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             (['scale'], 1.0)
         """
         name = self.name
+        _check_one_process(name)
         resume = self._resume_from  # a chain to continue (`resume_from`), consumed once set up
         self._warmup_steps = warmup_steps
         # the algorithm's warm-up windows are the chain's own (in steps), also when it continues without a warm-up

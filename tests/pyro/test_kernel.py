@@ -242,3 +242,15 @@ def test_model_with_two_subsampled_plates_and_a_constrained_vector():
         torch.testing.assert_close(gradient.energy, expected.detach())
         torch.testing.assert_close(gradient.grad, expected_grad)
     kernel.cleanup()
+
+
+def test_a_process_group_of_several_processes_is_refused(logistic_data, monkeypatch):
+    """Under torch.distributed with several processes each would run a chain of its own: refused, with the way out."""
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    mcmc = MCMC(SGLD(logistic_model, step_size=1e-3), warmup_steps=5, num_samples=5, disable_progbar=True)
+    with pytest.raises(NotImplementedError, match="2 processes.*shard_rows"):
+        mcmc.run(*logistic_data)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 1)  # a group of one process runs as before
+    mcmc.run(*logistic_data)
+    assert mcmc.get_samples()["w"].shape[0] == 5
