@@ -97,6 +97,11 @@ class GibbsTarget(ModelTarget):
             f"{self.kernel_name}: per-datum scores (SGFS) are not available with local Gibbs sites."
         )
 
+    @property
+    def stream_block(self):
+        """``None``: the local sites are drawn step by step, so streamed rows are read step by step too."""
+        return None
+
     def draw(self, rng_key, batch_state, replace=None):
         key_indices, key_local = random.split(rng_key)
         indices, batch_state = super().draw(key_indices, batch_state, replace)

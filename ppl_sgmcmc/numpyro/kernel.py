@@ -110,6 +110,17 @@ def _unknown_field(state, name):
 _HMC_FIELDS = ("accept_prob", "mean_accept_prob", "num_steps", "adapt_state", "energy", "trajectory_length")
 
 
+def _draw_keys(rng_key, size):
+    """The keys with which the ``size`` steps from a state with key ``rng_key`` draw their minibatches (each
+    step splits its key into the next step's key, its draw's key and its noise's key: see ``_step``)."""
+
+    def body(key, _):
+        key, key_draw, _ = random.split(key, 3)
+        return key, key_draw
+
+    return lax.scan(body, rng_key, None, length=size)[1]
+
+
 def _all_finite(tree):
     """Whether every entry of every leaf is finite, by one reduction: a sum is finite only if its terms are."""
     return jnp.isfinite(sum(jnp.sum(x) for x in jax.tree.leaves(tree)))
@@ -159,6 +170,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     _progress: Any = None
     # set by `ppl_sgmcmc.numpyro.MCMC`, which reports the health after the run: the loop needs no callback for it
     _reports_after_run = False
+    # steps whose streamed rows are read ahead at once (a model under `streaming.streamed`), else None
+    _stream_block = None
 
     # --- numpyro.infer.MCMCKernel ------------------------------------------------------------
     @property
@@ -367,6 +380,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         flat, self._unravel = ravel_pytree(start)
         self._check_dimension(self._target, flat.shape[0])
         self._epoch_steps = None if self._model is None else self._epoch_length(self._target)
+        self._stream_block = getattr(self._target, "stream_block", None)
         if self.rule.NEEDS == "per_example":  # one eager minibatch near the start (SGFS's Fisher)
             if traced:
                 raise ValueError(
@@ -583,6 +597,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             probe = warmup.probe(gradient, target.epoch(key_probe, rows), flat)
         batch, batch_state = target.draw(key_draw, batch_state)
         first = gradient(flat, batch)
+        if self._stream_block is not None:
+            batch_state = target.init_block(batch_state)
         rule_state = self.rule_init(flat, random.normal(key_noise, flat.shape, flat.dtype))
         adapt_state, rule_state = self._initial_adaptation(flat, laplace, probe, rule_state, first.energy)
         step_size = jnp.asarray(self.step_size_in(adapt_state, 0), flat.dtype)
@@ -626,7 +642,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite,
         measure the gradient noise and, during the warm-up, adapt."""
         rng_key, key_draw, key_noise = random.split(state.rng_key, 3)
-        batch, batch_state = self._target.draw(key_draw, state.batch_state)
+        if self._stream_block is None:
+            batch, batch_state = self._target.draw(key_draw, state.batch_state)
+        else:  # the rows of the next steps, read ahead at the indices those steps draw
+            batch, batch_state = self._target.draw_block(state.rng_key, state.batch_state, _draw_keys)
         flat, _ = ravel_pytree(state.z)
         gradient_state = state.gradient_state
         if self._epoch_steps is not None:  # a new centre every epoch (SVRG), all chains at once

@@ -43,7 +43,8 @@ from numpyro.primitives import plate as numpyro_plate
 from ppl_sgmcmc import _model_checks
 from ppl_sgmcmc.numpyro import minibatch
 from ppl_sgmcmc.numpyro.handlers import full_data
-from ppl_sgmcmc.numpyro.streaming import STREAMED
+from ppl_sgmcmc.numpyro.streaming import STREAMED, Block, StreamedBatch, streamed
+from ppl_sgmcmc.numpyro.warmup import when
 from ppl_sgmcmc.rules import StochasticGradient
 
 #: A pytree of latent values: ``{site name: array}``.
@@ -277,6 +278,8 @@ class ModelTarget:
         self.kernel_name = kernel_name
         # position in the latents' own (constrained) space: no transforms, no log-Jacobian (SGRLD)
         self.constrained = constrained
+        if isinstance(model, streamed):  # its streamed arrays, in the order this trace meets them
+            model.arrays.clear()
         recorder = _ModelRecorder(model, kernel_name)
         try:
             with model_errors(kernel_name, "tracing the model", recorder.plates, (model_args, model_kwargs)):
@@ -487,11 +490,57 @@ class ModelTarget:
 
         return lax.scan(body, state, random.split(key_draws, count))[1]
 
+    @property
+    def stream_block(self) -> int | None:
+        """The number of steps whose rows the kernel reads ahead at once (:class:`~ppl_sgmcmc.numpyro.streaming.streamed`),
+        or ``None`` if it reads nothing ahead (no streamed array, ``block=1``, or per-datum scores)."""
+        model = self.model
+        if not isinstance(model, streamed) or not model.arrays or model.block == 1 or self.per_example_scores:
+            return None
+        return model.block
+
+    def init_block(self, batch_state: minibatch.BatchState) -> Block:
+        """The block state to start from: empty, to be read at the first step (see :meth:`draw_block`)."""
+        model, block = self.model, self.stream_block
+        assert isinstance(model, streamed) and block is not None
+        rows = tuple(
+            jnp.zeros((block, self.plate_sizes[plate][1], *array.shape[1:]), array.dtype) for array, plate in model.arrays
+        )
+        indices = {name: jnp.zeros((block, n), jnp.int32) for name, (_, n) in self.plate_sizes.items()}
+        return Block(batch_state, indices, rows, jnp.asarray(block, jnp.int32))
+
+    def draw_block(
+        self, rng_key: jax.Array, block: Block, draw_keys: Callable[[jax.Array, int], jax.Array]
+    ) -> tuple[StreamedBatch, Block]:
+        """One step's :class:`~ppl_sgmcmc.numpyro.streaming.StreamedBatch` from ``block``, which is read again
+        when used up: the minibatches at ``draw_keys(rng_key, size)`` (the keys the block's steps will draw
+        with, from the chain's key at its first step), and their rows, in one host call per streamed array."""
+        model = self.model
+        assert isinstance(model, streamed)
+        size = block.indices[next(iter(block.indices))].shape[0]
+
+        def refill(block, rng_key):
+            def body(batch_state, key):
+                indices, batch_state = self.draw(key, batch_state)
+                return batch_state, indices
+
+            batch_state, indices = lax.scan(body, block.batch_state, draw_keys(rng_key, size))
+            return Block(batch_state, indices, model.read(indices), jnp.zeros((), jnp.int32))
+
+        block = when(block.position == size, refill, block, rng_key)
+        at = block.position
+        batch = StreamedBatch({name: x[at] for name, x in block.indices.items()}, tuple(x[at] for x in block.rows))
+        return batch, block._replace(position=at + 1)
+
     def _energies(
         self, z: Params, batch: Batch, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any]
     ) -> tuple[jax.Array | float, jax.Array | float]:
         """``(prior part, data part)`` of ``Ũ_t(z)`` (of ``U(z)`` on the full data if ``batch`` is ``None``); the
         data part holds the sites in subsampled plates (a part without sites is ``0.0``)."""
+        if isinstance(batch, StreamedBatch):  # rows read ahead: the streamed arrays take them
+            assert isinstance(self.model, streamed)
+            with self.model.providing(batch.rows):
+                return self._energies(z, batch.indices, model_args, model_kwargs)
         model = self._with_latents(full_data(self.model) if batch is None else substitute(self.model, data=batch), z)
         log_probs, _ = compute_log_probs(model, model_args, model_kwargs, {})
         prior = sum((v for k, v in log_probs.items() if k not in self.data_sites), start=0.0)

@@ -1,5 +1,5 @@
 """Data larger than memory: plates over host-resident or on-disk arrays whose minibatch rows are gathered
-on the host, step by step.
+on the host, a block of steps at a time.
 
 Wrap each large array in a :class:`HostArray` (a NumPy array, typically a ``numpy.memmap`` of a file) and the
 model in :class:`streamed`; the model itself is unchanged (``numpy.subsample(X, event_dim=1)`` inside its
@@ -12,16 +12,20 @@ subsampled plate)::
 Each evaluation of the model inside a subsampled plate asks the host, through :func:`jax.pure_callback`, for
 the rows at the plate's indices (the indices the kernel drew in the compiled step), and the host reads them
 from the array (for a memmap: from the page cache, or the disk). A step therefore moves ``n`` rows to the
-device and no more: its cost is ``O(n)`` and the device memory is flat in ``N``. Because the rows are those
+device and no more (read ahead by blocks of steps, below): its cost is ``O(n)`` and the device memory is flat
+in ``N``. Because the rows are those
 at the kernel's own indices, a streamed chain follows the trajectory of the same chain with the array on
 the device, and everything else works unchanged: the warm-up (its averages over stacked minibatches ask for
 their rows in one call), vectorised chains (one call for all chains), resuming.
 
-**What is not streamed ahead.** The indices of a step are drawn inside the compiled step, from the chain's
-key, so the host learns them when the step asks for the rows: the read is synchronous, not double-buffered,
-and each step pays one host callback per streamed array. On a memmap whose pages are cached the read is a
-``np.take`` of the rows; from a cold disk, a random read per row (see the benchmarks in
-``benchmarks/RESULTS.md``, which also measure reading the rows of several steps per callback).
+**Reading ahead.** A host call costs far more than reading a minibatch from the page cache, so the kernel reads
+the rows of ``block`` steps at once (``streamed(model, block=16)``, the default): every ``block`` steps it draws
+the next ``block`` minibatches, at the indices those steps would draw (a step's indices depend on the chain's
+key only, not on its position), asks the host for their rows in one call per streamed array, and keeps the
+``block × n`` rows in its state (:class:`Block`), which a resumed chain continues. The trajectory is unchanged.
+The read is synchronous: the host reads when the block's first step asks. Outside the kernels' steps (the
+warm-up's mode finding and averages, models with local Gibbs sites, SGFS's per-datum scores) rows are read
+step by step. From a cold disk each row is a random read (see the benchmarks in ``benchmarks/RESULTS.md``).
 
 **Once per run, every row.** ``numpyro.infer.MCMC`` postprocesses the initial state eagerly (outside the
 compiled loop, to size its buffers), once per phase (warm-up, sampling), on the full-data view of the model:
@@ -39,15 +43,16 @@ first minibatch of a streamed one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 from numpyro.primitives import _PYRO_STACK, Messenger
 from numpyro.primitives import plate as numpyro_plate
 
-__all__ = ["HostArray", "streamed"]
+__all__ = ["Block", "HostArray", "StreamedBatch", "streamed"]
 
 #: The message type of a ``numpyro.subsample`` of a :class:`HostArray` once :class:`streamed` has read its rows
 #: (the plate's own indexing skips it; the kernel's data checks read the rows of the first minibatch).
@@ -150,10 +155,44 @@ def _rows_plate(value: HostArray, event_dim: int) -> numpyro_plate:
     )
 
 
+class StreamedBatch(NamedTuple):
+    """One step's data for a model under :class:`streamed` whose rows the kernel read ahead: the plates'
+    indices and, per streamed array (in :attr:`streamed.arrays` order), the rows at them."""
+
+    #: ``{plate name: minibatch indices}``, as :meth:`~ppl_sgmcmc.numpyro.potential.ModelTarget.draw` gives them.
+    indices: dict[str, jax.Array]
+    #: the rows of each streamed array at its plate's indices.
+    rows: tuple[jax.Array, ...]
+
+
+class Block(NamedTuple):
+    """The minibatches of the next steps, read ahead in one host call per streamed array (the kernel's
+    ``batch_state`` under a block-streamed model)."""
+
+    #: the minibatch sampler's state after the block's draws.
+    batch_state: Any
+    #: ``{plate name: (block, n) indices}``, one row per step of the block.
+    indices: dict[str, jax.Array]
+    #: per streamed array, ``(block, n, ...)`` rows.
+    rows: tuple[jax.Array, ...]
+    #: the next step's row in the block; ``block`` when it must be read again.
+    position: jax.Array
+
+
 class streamed(Messenger):
     """Let a model's ``numpyro.subsample(X, event_dim)`` read the rows of a :class:`HostArray` ``X`` on the host:
     the value becomes ``X.rows(plate indices)`` (the kernel's minibatch, or all rows in the full-data view).
     Other data pass unchanged (device arrays are indexed on the device, as without the handler).
+
+    :param fn: the model.
+    :param block: the number of steps whose rows the kernel reads in one host call per streamed array (default
+        16). A host call costs far more than the few microseconds of reading a minibatch from the page cache,
+        so reading the next ``block`` steps' rows at once, at the indices those steps will draw, divides that
+        cost; the chain is unchanged (the same indices, the same trajectory) and its state holds the
+        ``block × n`` rows. ``block=1`` reads at every step. (Only the kernels' steps read ahead; the warm-up's
+        mode finding and averages, and models with local Gibbs sites or per-datum scores (SGFS), read step by
+        step.)
+    :raises ValueError: if ``block`` is not a positive integer.
 
     **Example** (a streamed run follows the run with the data on the device)::
 
@@ -173,14 +212,43 @@ class streamed(Messenger):
         True
     """
 
-    def __init__(self, fn: Callable[..., Any] | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any] | None = None, block: int = 16) -> None:
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"streamed: `block` must be a positive integer (steps read ahead at once), got {block!r}.")
         super().__init__(fn)
+        self.block = block
+        #: the streamed arrays the model subsampled, in the order first met, with their plates' names
+        self.arrays: list[tuple[HostArray, str]] = []
+        self._provided: tuple[jax.Array, ...] | None = None
+
+    @contextmanager
+    def providing(self, rows: tuple[jax.Array, ...]) -> Iterator[None]:
+        """While the model is traced in this context, its streamed arrays take ``rows`` (aligned with
+        :attr:`arrays`: the rows read ahead) instead of calling the host."""
+        self._provided = rows
+        try:
+            yield
+        finally:
+            self._provided = None
+
+    def read(self, indices: Mapping[str, jax.Array]) -> tuple[jax.Array, ...]:
+        """The rows of every streamed array at its plate's ``indices`` (any leading axes: one host call per
+        array for a block of steps, and for all chains under ``vmap``)."""
+        return tuple(array.rows(indices[plate]) for array, plate in self.arrays)
 
     def process_message(self, msg: dict[str, Any]) -> None:
-        """Read the rows of a :class:`HostArray` at the enclosing plate's indices; the message then bypasses the
-        plate's own indexing (which would convert the whole array)."""
+        """Read the rows of a :class:`HostArray` at the enclosing plate's indices (or take those provided); the
+        message then bypasses the plate's own indexing (which would convert the whole array)."""
         if msg["type"] == "subsample" and isinstance(msg["value"], HostArray):
+            array = msg["value"]
             event_dim = msg["kwargs"].get("event_dim")
-            plate = _rows_plate(msg["value"], 0 if event_dim is None else event_dim)
-            msg["value"] = msg["value"].rows(plate._indices)
+            plate = _rows_plate(array, 0 if event_dim is None else event_dim)
+            position = next((i for i, (known, _) in enumerate(self.arrays) if known is array), None)
+            if position is None:
+                position = len(self.arrays)
+                self.arrays.append((array, plate.name))
+            if self._provided is not None and position < len(self._provided):
+                msg["value"] = self._provided[position]
+            else:
+                msg["value"] = array.rows(plate._indices)
             msg["type"] = STREAMED

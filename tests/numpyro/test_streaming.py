@@ -66,28 +66,52 @@ def _run(model, data, kernel, num_chains=2, **options):
     return mcmc
 
 
+@pytest.mark.parametrize("block", [16, 1])
 @pytest.mark.parametrize(
     "kernel, num_chains",
     [(lambda model: SGLD(model, step_size=5e-4), 2), (lambda model: SGNHT(model, replace=False), 1)],
     ids=["fixed", "tuned-epochs"],
 )
-def test_same_trajectory_as_on_the_device(memmap, kernel, num_chains):
+def test_same_trajectory_as_on_the_device(memmap, kernel, num_chains, block):
     host = CountingArray(memmap, dtype=np.float32, shape=(None, NUM_FEATURES))
-    streamed_run = _run(streamed(regression), (host, jnp.asarray(Y)), kernel, num_chains)
+    streamed_run = _run(streamed(regression, block=block), (host, jnp.asarray(Y)), kernel, num_chains)
     device_run = _run(regression, (jnp.asarray(X), jnp.asarray(Y)), kernel, num_chains)
     for name in ("w",):
         np.testing.assert_allclose(
             streamed_run.get_samples()[name], device_run.get_samples()[name], rtol=1e-5, atol=1e-6
         )
-    # a step (1 chain: one read; vectorised chains: one read for all) asks for its minibatch's rows only; the
-    # whole file is read by NumPyro's eager postprocessing of the initial state, once per phase of the run
-    # (warm-up, sampling; see the module's docs)
+    # the steps (one read for all vectorised chains) ask for their minibatches' rows only, `block` steps' rows
+    # per read; the whole file is read by NumPyro's eager postprocessing of the initial state, once per phase of
+    # the run (warm-up, sampling; see the module's docs)
     print(f"\nrows per read: {sorted(set(host.reads))}, {len(host.reads)} reads")
-    assert host.reads[-10:] == [num_chains * BATCH] * 10 and len(host.reads) >= 300
-    assert 1 <= host.reads.count(NUM_DATA) <= 2 and max(host.reads) == NUM_DATA
+    steps = 300  # 200 warm-up and 100 sampling steps
+    assert host.reads[-5:] == [block * num_chains * BATCH] * 5
+    assert host.reads.count(block * num_chains * BATCH) >= steps // block
+    assert 1 <= host.reads.count(NUM_DATA) <= 2
     np.testing.assert_allclose(
         full_data_log_likelihood(streamed_run)["y"], full_data_log_likelihood(device_run)["y"], rtol=1e-5, atol=1e-5
     )
+
+
+def test_reading_ahead_is_resumable(memmap):
+    """A chain continued from a state in the middle of a block of rows read ahead (another kernel object, as
+    after a restart) follows the uninterrupted chain."""
+    data = (HostArray(memmap), jnp.asarray(Y))
+    whole = MCMC(SGLD(streamed(regression), step_size=5e-4), num_warmup=0, num_samples=40, progress_bar=False)
+    whole.run(jax.random.PRNGKey(0), *data)
+    first = MCMC(SGLD(streamed(regression), step_size=5e-4), num_warmup=0, num_samples=21, progress_bar=False)
+    first.run(jax.random.PRNGKey(0), *data)
+    assert int(first.last_state.batch_state.position) == 21 % 16  # mid-block
+    second = MCMC(SGLD(streamed(regression), step_size=5e-4), num_warmup=0, num_samples=19, progress_bar=False)
+    second.post_warmup_state = first.last_state
+    second.run(first.last_state.rng_key, *data)
+    resumed = np.concatenate([first.get_samples()["w"], second.get_samples()["w"]])
+    np.testing.assert_allclose(resumed, whole.get_samples()["w"], rtol=1e-6, atol=1e-7)
+
+
+def test_block_must_be_a_positive_integer():
+    with pytest.raises(ValueError, match="`block` must be a positive integer"):
+        streamed(regression, block=0)
 
 
 def test_posterior_from_a_memmap(memmap):
