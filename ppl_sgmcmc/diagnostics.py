@@ -39,6 +39,9 @@ backend is imported only when a run of it is given, so this module needs no ``to
 - :func:`step_halving_check`: continues each chain with half the step size (and twice the steps per draw)
   and reports the posterior means and standard deviations that moved beyond their Monte Carlo error, the
   signature of a discretisation bias.
+- :func:`energy_noise`: for CSGLD and CSGHMC, the standard deviation ``σ`` of the minibatch energy at the
+  run's draws, from the per-datum log-likelihoods over the full data, against the energy grid's ``Δu`` and the
+  temperature: the noise that biases their importance weights, which halving the step size does not show.
 
 Precision follows JAX's default (float32 unless ``jax_enable_x64`` is on); a KSD near ``1/sqrt(m)``
 of a large sample is a small difference of larger terms, so prefer float64 to compare such values
@@ -50,7 +53,7 @@ import importlib
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from numbers import Integral, Real
 from statistics import NormalDist
@@ -62,13 +65,20 @@ import numpy as np
 from jax.scipy.linalg import solve_triangular
 from jax.typing import ArrayLike
 
+from ppl_sgmcmc import algorithms
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 __all__ = [
+    "NOISE_GAP_RATIO",
+    "NOISE_SPREAD",
+    "NOISE_TEMPERATURE_RATIO",
+    "EnergyNoiseResult",
     "KSDResult",
     "LinearKSD",
     "StepHalvingResult",
+    "energy_noise",
     "flatten_draws",
     "imq_ksd",
     "imq_ksd_linear",
@@ -451,7 +461,7 @@ class _Continuation(NamedTuple):
 
 
 class _Run(Protocol):
-    """What :func:`ksd` and :func:`step_halving_check` read from a finished run: each backend's
+    """What :func:`ksd`, :func:`step_halving_check` and :func:`energy_noise` read from a finished run: each backend's
     ``scores.RunView`` (:mod:`ppl_sgmcmc.numpyro.scores`, :mod:`ppl_sgmcmc.pyro.scores`)."""
 
     kernel: Any
@@ -480,6 +490,15 @@ class _Run(Protocol):
     def continue_chains(self, adjust: Callable[[Any], Any], num_draws: int, spacing: int) -> _Continuation:
         """Continue the chains from their final states, each first passed through ``adjust``, for ``num_draws``
         draws ``spacing`` times as many steps apart as the run's."""
+        ...
+
+    def pointwise(self, num_draws: int, chunk_size: int | None) -> "_Pointwise":
+        """The per-datum log-likelihoods on the full data at ``num_draws`` draws evenly spaced over each chain,
+        evaluated lazily ``chunk_size`` draws at a time (``None``: see :func:`_rows_per_chunk`)."""
+        ...
+
+    def energy_gaps(self) -> np.ndarray:
+        """CSGLD's ``Δu`` of each chain, ``(chains,)``."""
         ...
 
 
@@ -823,3 +842,280 @@ def _compare(
         index=pd.Index(labels, name="coordinate"),
     )
     return table, flagged, threshold
+
+
+# --- the minibatch-energy noise of CSGLD / CSGHMC ---------------------------------------------------
+NOISE_GAP_RATIO = 0.5
+""":func:`energy_noise` reports a chain whose median ``σ/Δu`` reaches this: a noise of half a bin width moves a
+good part of the draws into the neighbouring bins, and with ``energy_gap="auto"`` (``Δu`` the sd of the minibatch
+energies, noise included) it means the noise makes at least a quarter of the energy's variance along the chain:
+the grid resolves the noise rather than the energy landscape (``σ/Δu`` near 1)."""
+NOISE_TEMPERATURE_RATIO = 0.3
+""":func:`energy_noise` reports a chain whose median ``σ/τ`` exceeds this: the log weight moves by about
+``ζ ε / τ`` for an energy error ``ε``, which inflates the weights by ``e^{ζ²σ²/(2τ²)}`` on average, within a
+few percent (at most ``e^{0.045} ≈ 1.05`` with ``ζ = 1``) below this ratio and growing fast above it."""
+NOISE_SPREAD = 2.0
+""":func:`energy_noise` reports draws whose ``σ`` differ by this factor (the 90th over the 10th percentile over
+all chains' draws) when the larger exceeds ``NOISE_TEMPERATURE_RATIO τ``: the inflation ``e^{ζ²σ²/(2τ²)}`` then
+differs between the regions (modes) the draws lie in, and the self-normalised weights do not cancel it."""
+
+# entries of the per-datum log-likelihoods evaluated at once when `chunk_size=None` (16 MiB of float32)
+_AUTO_LOG_LIKELIHOOD_ENTRIES = 2**22
+
+
+class EnergyNoiseResult(NamedTuple):
+    """The noise of a CSGLD/CSGHMC run's minibatch energies, from :func:`energy_noise`. ``str()`` of it is a
+    readable report."""
+
+    table: "pd.DataFrame"
+    """One row per chain (index ``chain``) with the columns ``sigma_median`` and ``sigma_max`` (``σ`` over the
+    chain's evaluated draws), ``energy_gap`` (the chain's ``Δu``), ``gap_ratio`` (``sigma_median / energy_gap``),
+    ``temperature_ratio`` (``sigma_median / τ``) and ``biased`` (``gap_ratio >=`` :data:`NOISE_GAP_RATIO` or
+    ``temperature_ratio >`` :data:`NOISE_TEMPERATURE_RATIO`: the chain's weights are probably biased)."""
+    sigma: np.ndarray
+    """``σ(x)`` at each evaluated draw, ``(chains, draws)`` (draws evenly spaced over each chain's)."""
+    temperature: float
+    """``τ`` (at the run's last step, for a schedule)."""
+    spread: float
+    """The 90th over the 10th percentile of ``sigma`` over all chains (``inf`` when only the latter is 0, 1 when
+    both are)."""
+    flagged: list[str]
+    """What was found (``"chain 0: σ/Δu = 1.21 >= 0.5, σ/τ = 6.3 > 0.3"``, ``"σ differs between draws ..."``);
+    empty when nothing was."""
+    plates: dict[str, tuple[int, int]]
+    """The subsampled plates ``{name: (N, n)}`` (empty when every step sees all the data: ``σ = 0``)."""
+    replace: bool
+    """Whether the kernel draws its minibatches with replacement."""
+
+    def __str__(self) -> str:
+        chains, draws = self.sigma.shape
+        plates = ", ".join(f"plate {name!r}: N = {size}, n = {n}" for name, (size, n) in self.plates.items())
+        how = ("with" if self.replace else "without") + " replacement"
+        lines = [
+            f"Minibatch-energy noise σ (sd of Ũ_t(x) at {draws} draws per chain; "
+            f"{plates + ', ' + how if plates else 'full batches: no noise'}); τ = {self.temperature:g}",
+            self.table.to_string(float_format=lambda v: f"{v:.3g}"),
+            f"spread of σ over the draws (q90/q10): {self.spread:.3g}",
+        ]
+        lines += (["flagged:"] + [f"  {item}" for item in self.flagged]) if self.flagged else ["nothing flagged"]
+        return "\n".join(lines)
+
+
+class _Pointwise(NamedTuple):
+    """The per-datum log-likelihoods of a run's thinned draws, from a backend's ``RunView.pointwise``."""
+
+    plates: dict[str, tuple[int, int]]  # the subsampled plates {name: (N, n)}
+    sites: dict[str, tuple[str, int]]  # the observed sites in them {site: (plate, its dim in the site's log density)}
+    replace: bool  # minibatches with replacement
+    shape: tuple[int, int]  # (chains, draws per chain) evaluated
+    chunks: Iterable[tuple[int, dict[str, np.ndarray]]]  # (first row, {site: (rows, *batch)}), rows chain-major
+
+
+def _chain_index(draws: int, num_draws: int, fn: str) -> np.ndarray:
+    """At most ``num_draws`` indices evenly spaced over a chain's ``draws``."""
+    if draws == 0:
+        raise ValueError(_no_draws(fn))
+    m = min(num_draws, draws)
+    return np.arange(m) * draws // m
+
+
+def _rows_per_chunk(chunk_size: int | None, entries: int, m: int) -> int:
+    """Draws evaluated at once: ``chunk_size``, or with ``None`` as many as keep ``entries`` per draw within
+    ``_AUTO_LOG_LIKELIHOOD_ENTRIES``."""
+    if chunk_size is None:
+        chunk_size = _AUTO_LOG_LIKELIHOOD_ENTRIES // max(entries, 1)
+    return max(1, min(chunk_size, m))
+
+
+def _site_plates(
+    frames: Mapping[str, list[tuple[str, int | None]]], plate_sizes: Mapping[str, tuple[int, int]], fn: str
+) -> dict[str, tuple[str, int]]:
+    """``{site: (plate, dim)}`` for the observed sites (``frames``: their plates' ``(name, dim)``) in a subsampled
+    plate; the sites in none add no noise."""
+    sites = {}
+    for site, plates in frames.items():
+        subsampled = [(name, dim) for name, dim in plates if name in plate_sizes]
+        if len(subsampled) > 1:
+            raise ValueError(
+                f"{fn}: the observed site {site!r} lies in the subsampled plates {[name for name, _ in subsampled]}: "
+                "its minibatch is a sub-array of all of them, whose energy's variance has no one-plate formula. "
+                "Evaluate the minibatch energy repeatedly at a point instead (the CSGLD algorithm page)."
+            )
+        if subsampled:
+            name, dim = subsampled[0]
+            if dim is None:
+                raise ValueError(
+                    f"{fn}: the observed site {site!r} lies in the sequential plate {name!r}; declare it as a "
+                    "vectorised plate (a context manager) to compute its per-datum log-likelihoods."
+                )
+            sites[site] = (name, dim)
+    return sites
+
+
+def _noise_sd(pointwise: _Pointwise, fn: str) -> np.ndarray:
+    """``σ(x) = sqrt(Σ_plates (N²/n) Var_i[ℓ_i(x)] (N - n)/(N - 1)^[without replacement])`` at each draw,
+    ``(chains, draws)``, ``ℓ_i`` the summed log-likelihood of row ``i`` of the plate over its observed sites."""
+    chains, draws = pointwise.shape
+    variance = np.zeros(chains * draws)
+    for start, chunk in pointwise.chunks:
+        rows: dict[str, np.ndarray] = {}
+        for site, (plate, dim) in pointwise.sites.items():
+            values = np.asarray(chunk[site], np.float64)
+            size = pointwise.plates[plate][0]
+            if values.ndim <= -dim or values.shape[dim] != size:
+                raise ValueError(
+                    f"{fn}: the log-likelihood of site {site!r} has the shape {values.shape[1:]} per draw, whose "
+                    f"dimension {dim} is not the plate {plate!r} of size {size}."
+                )
+            per_row = np.moveaxis(values, dim, -1).reshape(len(values), -1, size).sum(axis=1)
+            rows[plate] = rows[plate] + per_row if plate in rows else per_row
+        for plate, per_row in rows.items():
+            size, n = pointwise.plates[plate]
+            factor = size * size / n * (1.0 if pointwise.replace else (size - n) / (size - 1))
+            variance[start : start + len(per_row)] += factor * per_row.var(axis=1)
+    return np.sqrt(variance).reshape(chains, draws)
+
+
+def _noise_report(sigma: np.ndarray, gap: np.ndarray, tau: float) -> tuple["pd.DataFrame", float, list[str]]:
+    """:func:`energy_noise`'s table, spread and findings from ``σ`` at the draws ``(chains, draws)``, each chain's
+    ``Δu`` and ``τ``."""
+    import pandas as pd
+
+    median = np.median(sigma, axis=1)
+    gap_ratio, tau_ratio = median / gap, median / tau
+    biased = (gap_ratio >= NOISE_GAP_RATIO) | (tau_ratio > NOISE_TEMPERATURE_RATIO)
+    table = pd.DataFrame(
+        {
+            "sigma_median": median, "sigma_max": sigma.max(axis=1), "energy_gap": gap,
+            "gap_ratio": gap_ratio, "temperature_ratio": tau_ratio, "biased": biased,
+        },  # fmt: skip
+        index=pd.RangeIndex(len(median), name="chain"),
+    )
+    low, high = np.quantile(sigma, [0.1, 0.9])
+    spread = float(high / low) if low > 0 else (math.inf if high > 0 else 1.0)
+    flagged = []
+    for chain, (g, t) in enumerate(zip(gap_ratio, tau_ratio)):
+        found = [f"σ/Δu = {g:.3g} >= {NOISE_GAP_RATIO}"] if g >= NOISE_GAP_RATIO else []
+        found += [f"σ/τ = {t:.3g} > {NOISE_TEMPERATURE_RATIO}"] if t > NOISE_TEMPERATURE_RATIO else []
+        if found:
+            flagged.append(f"chain {chain}: {', '.join(found)}")
+    if spread >= NOISE_SPREAD and high > NOISE_TEMPERATURE_RATIO * tau:
+        flagged.append(
+            f"σ differs between draws by a factor {spread:.3g} (10th-90th percentile {low:.3g}-{high:.3g}): the "
+            "weights of different regions are inflated differently"
+        )
+    return table, spread, flagged
+
+
+def energy_noise(mcmc: Any, num_draws: int = 100, *, chunk_size: int | None = None) -> EnergyNoiseResult:
+    """The noise of a CSGLD/CSGHMC run's minibatch energies, against its energy grid and temperature.
+
+    CSGLD and CSGHMC (W. Deng, G. Lin and F. Liang, "A Contour Stochastic Gradient Langevin Dynamics Algorithm
+    for Simulations of Multi-modal Distributions", NeurIPS 2020) place each draw on the energy grid, flatten
+    the drift and weight the draw through the **minibatch** energy ``Ũ_t(x) = U(x) + ε_t``, whose noise at a
+    fixed ``x`` has the variance (``N`` rows of a plate, minibatches of ``n``, ``ℓ_i(x) = log p(y_i | x)``, the
+    variance over the ``N`` rows)::
+
+        σ²(x) = (N² / n) Var_i[ℓ_i(x)]                         (minibatches with replacement)
+        σ²(x) = (N² / n) Var_i[ℓ_i(x)] (N - n) / (N - 1)       (without: replace=False)
+
+    summed over the subsampled plates (each draws its minibatch independently); ``σ = 0`` when every step sees
+    all the data. The noise smears the partition ``θ`` and moves the log weight ``ζ log Ψ_θ(Ũ_t)`` by about
+    ``ζ ε / τ``, which inflates the weights by ``e^{ζ²σ²/(2τ²)}`` on average; the importance weights no longer
+    undo the flattening unless ``σ`` is small against the grid's ``Δu`` and the temperature ``τ``, and the
+    same everywhere (a noise that differs between modes biases their relative masses). Halving the step size
+    does not show it (:func:`step_halving_check` passes): this diagnostic computes ``σ`` from the model.
+
+    At ``num_draws`` draws evenly spaced over each chain, the per-datum log-likelihoods of the observed sites on
+    all ``N`` rows are computed by the backend's full-data machinery (that of
+    :func:`ppl_sgmcmc.numpyro.full_data_log_likelihood` and :func:`ppl_sgmcmc.pyro.full_data_log_likelihood`,
+    ``chunk_size`` draws at a time), summed per row over a plate's observed sites (and over their other
+    dimensions), and ``σ`` follows from the formula. Each chain's median ``σ`` is compared with its ``Δu``
+    (``mcmc.last_state.energy_gap``; Pyro: ``mcmc.diagnostics()``) and with ``τ``. A ``RuntimeWarning`` names
+    what was found when the weights are probably biased:
+
+    - median ``σ/Δu >=`` :data:`NOISE_GAP_RATIO` (the grid resolves the noise; ``energy_gap="auto"`` makes
+      ``Δu ≈ σ`` when the noise dominates);
+    - median ``σ/τ >`` :data:`NOISE_TEMPERATURE_RATIO` (the inflation ``e^{ζ²σ²/(2τ²)}`` exceeds a few percent);
+    - ``σ`` differs between draws by a factor :data:`NOISE_SPREAD` or more (the 90th over the 10th percentile),
+      the larger above ``NOISE_TEMPERATURE_RATIO τ`` (different modes, differently inflated).
+
+    The fixes: larger minibatches (``σ²`` falls like ``1/n``), full batches if the data allow; compare the
+    weighted results with a run at twice the ``subsample_size``. Silence does not make the weights right: a chain
+    that never left its mode (a weight ESS that looks healthy) has no other mode to weigh. Observed sites outside
+    the subsampled plates add no noise; ``scale`` handlers and masks are not seen (the log-likelihoods are those
+    of ArviZ's ``log_likelihood`` group).
+
+    **Cost.** ``chains × min(num_draws, draws)`` evaluations of the full-data likelihood; ``chunk_size=None``
+    evaluates as many draws at once as keep about ``2²²`` log-likelihood values in memory.
+
+    :param mcmc: a ``numpyro.infer.MCMC`` or ``pyro.infer.MCMC`` object, run with a ppl_sgmcmc ``CSGLD`` or
+        ``CSGHMC`` kernel built from a model.
+    :param num_draws: the draws per chain at which ``σ`` is computed, at least 1 (default 100).
+    :param chunk_size: draws evaluated at once (default ``None``: see above).
+    :returns: an :class:`EnergyNoiseResult` ``(table, sigma, temperature, spread, flagged, plates, replace)``.
+    :raises TypeError: ``mcmc`` is not a NumPyro or Pyro ``MCMC`` object of a ppl_sgmcmc kernel, or its kernel is
+        not CSGLD or CSGHMC.
+    :raises ValueError: a run with no draws, a kernel built from a ``potential_fn`` (no per-datum likelihood),
+        a kernel with local Gibbs sites, an observed site in two subsampled plates, bad ``num_draws`` or
+        ``chunk_size``.
+
+    **Example** (two modes, ``θ ≈ ±1``; minibatches of 5 of 20 rows: ``σ`` is several times ``τ = 1`` and close
+    to the automatic ``Δu``; Pyro, whose short runs start fast)::
+
+        >>> import warnings, torch, pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> from ppl_sgmcmc.pyro import CSGLD
+        >>> def model(y, n):
+        ...     theta = pyro.sample("theta", dist.Normal(0.8, 1.0))
+        ...     with pyro.plate("data", y.shape[0], subsample_size=n):
+        ...         pyro.sample("y", dist.Normal(theta**2, 1.0), obs=pyro.subsample(y, event_dim=0))
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = CSGLD(model, step_size=1e-3, compile_potential=False)
+        >>> mcmc = MCMC(kernel, warmup_steps=200, num_samples=100, disable_progbar=True)
+        >>> mcmc.run(1.1 + torch.randn(20), 5)
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     result = energy_noise(mcmc, num_draws=50)
+        >>> result.plates, result.sigma.shape, bool(result.table.loc[0, "biased"])
+        ({'data': (20, 5)}, (1, 50), True)
+        >>> bool(result.table.loc[0, "temperature_ratio"] > 1), "too noisy" in str(caught[0].message)
+        (True, True)
+    """
+    fn = "energy_noise"
+    num_draws = _count(num_draws, "num_draws", fn, 1)
+    if chunk_size is not None:
+        chunk_size = _count(chunk_size, "chunk_size", fn, 1)
+    run = _run_of(mcmc, fn)
+    kernel = run.kernel
+    if not isinstance(kernel, algorithms.CSGLD):
+        raise TypeError(
+            f"{fn}: the run's kernel is {kernel.name}, not CSGLD or CSGHMC: only their energy grid and importance "
+            "weights read the minibatch energy. For another kernel's gradient noise see `ppl_sgmcmc.noise` and "
+            "`step_halving_check`."
+        )
+    if kernel._model is None:
+        raise ValueError(
+            f"{fn}: this {kernel.name} was built from a `potential_fn`, which has no per-datum log-likelihoods to "
+            "compute σ from. Evaluate the stochastic potential `potential_fn(z, rng)` at a point of each mode for a "
+            "few hundred draws of its random argument and take their standard deviation; compare it with the "
+            "chains' `energy_gap` and the temperature (see 'Minibatch energies bias the weights' on the CSGLD "
+            "algorithm page)."
+        )
+    pointwise = run.pointwise(num_draws, chunk_size)
+    sigma = _noise_sd(pointwise, fn)
+    gap = np.asarray(run.energy_gaps(), np.float64)
+    tau = float(kernel.temperature_at(run.step_index()) if callable(kernel._temperature) else kernel._temperature)
+    table, spread, flagged = _noise_report(sigma, gap, tau)
+    result = EnergyNoiseResult(table, sigma, tau, spread, flagged, dict(pointwise.plates), pointwise.replace)
+    if flagged:
+        warnings.warn(
+            f"{kernel.name}: the minibatch energies are too noisy for the importance weights to be trusted "
+            f"({'; '.join(flagged)}; τ = {tau:g}, median σ per chain {', '.join(f'{s:.3g}' for s in table['sigma_median'])}). "
+            "Use larger minibatches (`subsample_size`: σ² falls like 1/n), or full batches if the data allow, and "
+            "compare the weighted results with a run at twice the `subsample_size` (see 'Minibatch energies bias "
+            "the weights' on the CSGLD algorithm page).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return result

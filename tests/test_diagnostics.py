@@ -1,6 +1,10 @@
 """Kernel Stein discrepancy and the run-level checks (:mod:`ppl_sgmcmc.diagnostics`), on NumPyro runs (the
 Pyro backend's runs: ``tests/pyro/test_scores.py``).
 
+The minibatch-energy noise of CSGLD (:func:`~ppl_sgmcmc.diagnostics.energy_noise`) is checked against
+``σ² = (N²/n) Var_i[log p(y_i | θ)]`` computed by hand in float64 at the same draws, and that formula against
+the standard deviation of simulated minibatch energies.
+
 The reference Stein kernel is built from its definition, not from the closed form the module uses:
 ``k0(x, y) = Σ_k a_k² (∂x_k + s_k(x)) (∂y_k + s_k(y)) k̃(x, y)`` with the derivatives of the kernel
 ``k̃(x, y) = (c² + |(x - y)/sqrt(Γ)|²)^β`` taken by JAX autodiff in float64 (``a = sqrt(Γ)``;
@@ -17,21 +21,29 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+import scipy.stats
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import MCMC, NUTS
 
 from ppl_sgmcmc.diagnostics import (
+    NOISE_TEMPERATURE_RATIO,
+    EnergyNoiseResult,
     KSDResult,
     LinearKSD,
     StepHalvingResult,
     _HalvedSchedule,
+    _noise_report,
+    _noise_sd,
+    _Pointwise,
+    _site_plates,
+    energy_noise,
     flatten_draws,
     imq_ksd,
     imq_ksd_linear,
     ksd,
     step_halving_check,
 )
-from ppl_sgmcmc.numpyro import SGFS, SGLD
+from ppl_sgmcmc.numpyro import CSGLD, SGFS, SGLD
 from tests.helpers import K_SIGMA, conjugate_posterior, linear_regression_data
 
 
@@ -467,3 +479,147 @@ def test_step_halving_refuses_an_infinite_step_size():
     mcmc.run(jax.random.PRNGKey(0), jnp.zeros(50))
     with pytest.raises(ValueError, match="SGFS's step size is inf: there is no discretisation to halve"):
         step_halving_check(mcmc)
+
+
+# --- (9) the minibatch-energy noise of CSGLD ---------------------------------------------------------------------
+def two_mode_model(y, n=5):
+    """``θ ~ N(0.8, 1)``, ``y_i ~ N(θ², 1)`` (``N = 20``, minibatches of ``n``): modes near ``θ = ±1.05`` with a
+    barrier of about 12.4 at ``θ = 0`` and ``P(θ < 0) ≈ 0.16``, the kind of posterior on which CSGLD's weights
+    were found biased by the minibatch energies' noise."""
+    theta = numpyro.sample("theta", dist.Normal(0.8, 1.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=n):
+        numpyro.sample("y", dist.Normal(theta**2, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def two_mode_data():
+    """20 observations with mean 1.1 and sd 1 exactly."""
+    e = np.random.default_rng(0).normal(size=20)
+    return (1.1 + (e - e.mean()) / e.std()).astype(np.float32)
+
+
+def noise_by_hand(theta, y, n, replace):
+    """``σ(θ)`` of :func:`two_mode_model`'s minibatch energy, in float64: ``(N/sqrt(n)) sd_i[log N(y_i; θ², 1)]``,
+    times ``sqrt((N - n)/(N - 1))`` without replacement."""
+    log_lik = scipy.stats.norm.logpdf(np.asarray(y, np.float64), np.asarray(theta, np.float64)[..., None] ** 2, 1.0)
+    size = len(y)
+    factor = 1.0 if replace else (size - n) / (size - 1)
+    return size / np.sqrt(n) * log_lik.std(axis=-1) * np.sqrt(factor)
+
+
+def csgld_run(n, num_chains=1, **kwargs):
+    """CSGLD with its automatic energy grid, short; the run's own warnings (noise ratio, no subsampled plate
+    when ``n = N``) are not what is tested."""
+    mcmc = MCMC(CSGLD(two_mode_model, step_size=1e-3, **kwargs), num_warmup=200, num_samples=200,
+                num_chains=num_chains, chain_method="vectorized", progress_bar=False)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mcmc.run(jax.random.PRNGKey(0), jnp.asarray(two_mode_data()), n)
+    return mcmc
+
+
+@pytest.fixture(scope="module")
+def two_mode_run():
+    return csgld_run(5, num_chains=2)
+
+
+def test_energy_noise_is_the_sd_of_the_minibatch_energy_and_flags_the_two_mode_case(two_mode_run):
+    """N = 20, n = 5 with replacement: σ ≈ 6.5 at the modes, against Δu ≈ σ (the automatic grid measures the
+    noise) and τ = 1: every chain is flagged, with a warning. σ at 50 evenly spaced draws per chain matches the
+    hand-computed value, whatever the chunks the draws are evaluated in."""
+    mcmc = two_mode_run
+    with pytest.warns(RuntimeWarning, match=r"CSGLD: the minibatch energies are too noisy .*chain 0: σ/Δu = .* >= 0\.5, "
+                      r"σ/τ = .* > 0\.3.*larger minibatches"):  # fmt: skip
+        result = energy_noise(mcmc, num_draws=50)
+    print(result)
+    assert isinstance(result, EnergyNoiseResult)
+    theta = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])[:, np.arange(50) * 200 // 50]
+    np.testing.assert_allclose(result.sigma, noise_by_hand(theta, two_mode_data(), 5, True), rtol=1e-4)
+    assert result.plates == {"data": (20, 5)} and result.replace and result.temperature == 1.0
+    table = result.table
+    assert list(table.index) == [0, 1] and table["biased"].all()
+    np.testing.assert_allclose(table["energy_gap"], np.asarray(mcmc.last_state.energy_gap), rtol=1e-6)
+    np.testing.assert_allclose(table["sigma_median"], np.median(result.sigma, axis=1))
+    np.testing.assert_allclose(table["gap_ratio"], table["sigma_median"] / table["energy_gap"])
+    np.testing.assert_allclose(table["temperature_ratio"], table["sigma_median"])
+    assert (table["temperature_ratio"] > 10 * NOISE_TEMPERATURE_RATIO).all() and (table["gap_ratio"] > 0.5).all()
+    assert [item.split(":")[0] for item in result.flagged] == ["chain 0", "chain 1"]
+    assert "plate 'data': N = 20, n = 5, with replacement" in str(result) and "flagged:" in str(result)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        chunked = energy_noise(mcmc, num_draws=50, chunk_size=7)
+        all_draws = energy_noise(mcmc, num_draws=1000)
+    np.testing.assert_allclose(chunked.sigma, result.sigma, rtol=1e-6)
+    assert all_draws.sigma.shape == (2, 200)  # never more than the run's draws
+
+
+def test_energy_noise_is_zero_and_silent_with_full_batches():
+    """n = N without replacement: every step sees all the data, the minibatch energy is the energy."""
+    mcmc = csgld_run(20, replace=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = energy_noise(mcmc, num_draws=20)
+    print(result)
+    assert not caught, [str(w.message) for w in caught]
+    assert result.plates == {} and result.flagged == [] and not result.table["biased"].any()
+    np.testing.assert_array_equal(result.sigma, np.zeros((1, 20)))
+    assert "full batches: no noise" in str(result) and "nothing flagged" in str(result)
+
+
+@pytest.mark.parametrize("replace", [True, False])
+def test_the_formula_is_the_sd_of_simulated_minibatch_energies(replace):
+    """``(N²/n) Var_i[ℓ_i]`` (times ``(N - n)/(N - 1)`` without replacement) against the variance of
+    ``(N/n) Σ_{i in S} ℓ_i`` over 20000 random minibatches ``S`` of 5 of 20 rows (its relative standard error
+    is about 1 %); two observed sites in the plate add per row, a site outside it adds nothing."""
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(2, 3, 20))  # (draws, rows) of two sites
+    pointwise = _Pointwise({"data": (20, 5)}, {"a": ("data", -1), "b": ("data", -1)}, replace, (1, 3),
+                           [(0, {"a": a, "b": b, "global": np.zeros((3,))})])  # fmt: skip
+    sigma = _noise_sd(pointwise, "test")[0]
+    rows = a + b
+    if replace:
+        index = rng.integers(0, 20, size=(20_000, 5))
+    else:
+        index = np.argsort(rng.random((20_000, 20)), axis=1)[:, :5]
+    energies = -(20 / 5) * rows[:, index].sum(axis=-1)  # (draws, minibatches)
+    np.testing.assert_allclose(sigma, energies.std(axis=1), rtol=0.05)
+
+
+def test_the_thresholds():
+    """A chain is flagged at σ/Δu >= 0.5 or σ/τ > 0.3 (median over its draws); draws whose σ differ by a factor
+    2 (q90/q10) are flagged when the larger σ exceeds 0.3 τ, not when all are small."""
+    sigma = np.full((3, 10), 0.2)
+    sigma[1], sigma[2] = 0.5, 0.31  # chain 1: σ/Δu = 0.5; chain 2: σ/τ = 0.31
+    table, spread, flagged = _noise_report(sigma, np.array([1.0, 1.0, 1.0]), 1.0)
+    assert table["biased"].tolist() == [False, True, True] and spread == pytest.approx(2.5)
+    assert flagged == ["chain 1: σ/Δu = 0.5 >= 0.5, σ/τ = 0.5 > 0.3", "chain 2: σ/τ = 0.31 > 0.3",
+                       "σ differs between draws by a factor 2.5 (10th-90th percentile 0.2-0.5): the weights of "
+                       "different regions are inflated differently"]  # fmt: skip
+    quiet = np.concatenate([np.full((1, 10), 0.01), np.full((1, 10), 0.1)])  # 10 times apart, but small
+    table, spread, flagged = _noise_report(quiet, np.array([1.0, 1.0]), 1.0)
+    assert spread == pytest.approx(10.0) and flagged == [] and not table["biased"].any()
+    assert _noise_report(np.zeros((1, 5)), np.ones(1), 1.0)[1:] == (1.0, [])
+
+
+def test_energy_noise_bad_input(two_mode_run):
+    with pytest.raises(TypeError, match="`mcmc` must be a numpyro.infer.MCMC or pyro.infer.MCMC"):
+        energy_noise({"theta": np.zeros((1, 10))})
+    idle = MCMC(CSGLD(two_mode_model, step_size=1e-3), num_warmup=10, num_samples=10, progress_bar=False)
+    with pytest.raises(ValueError, match=r"holds no draws: call `mcmc.run\(...\)` first"):
+        energy_noise(idle)
+    with pytest.raises(TypeError, match="the run's kernel is SGLD, not CSGLD or CSGHMC"):
+        energy_noise(sgld_run(0.1, 1, 20))
+    kernel = CSGLD(potential_fn=lambda z: jnp.sum(z["x"] ** 2) / 2, step_size=0.1, energy_min=0.0, energy_gap=1.0)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=10, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)})
+    with pytest.raises(ValueError, match=r"built from a `potential_fn`, which has no per-datum .*Evaluate the "
+                       r"stochastic potential `potential_fn\(z, rng\)` at a point"):  # fmt: skip
+        energy_noise(mcmc)
+    with pytest.raises(ValueError, match="`num_draws` must be an integer >= 1"):
+        energy_noise(two_mode_run, num_draws=0)
+    with pytest.raises(ValueError, match="`chunk_size` must be an integer >= 1"):
+        energy_noise(two_mode_run, chunk_size=0)
+    plate_sizes = {"users": (100, 10), "items": (50, 5)}
+    assert _site_plates({"y": [("items", -1)], "z": [("other", -1)]}, plate_sizes, "f") == {"y": ("items", -1)}
+    with pytest.raises(ValueError, match=r"site 'y' lies in the subsampled plates \['users', 'items'\]"):
+        _site_plates({"y": [("users", -2), ("items", -1)]}, plate_sizes, "energy_noise")
+

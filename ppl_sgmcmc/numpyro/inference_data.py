@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import arviz as az
@@ -100,15 +101,8 @@ def full_data_log_likelihood(
     num_chains, num_draws = jax.tree.leaves(samples)[0].shape[:2]
     total = num_chains * num_draws
     flat = jax.tree.map(lambda x: x.reshape((total,) + x.shape[2:]), samples)
-    # the data are arguments of the compiled function, not constants in it (large N; data on several hosts)
-    data, merge = split_arrays((mcmc._args, mcmc._kwargs))
-
-    @jax.jit
-    def evaluate(s, data):
-        args, kwargs = merge(data)
-        return numpyro_log_likelihood(mcmc.sampler.model, s, *args, **kwargs)
-
-    shapes = jax.eval_shape(evaluate, jax.tree.map(lambda x: x[:1], flat), data)  # no evaluation
+    evaluate = _evaluator(mcmc)
+    shapes = jax.eval_shape(evaluate, jax.tree.map(lambda x: x[:1], flat))  # no evaluation
     sizes = {name: math.prod(shape.shape[1:]) for name, shape in shapes.items()}
     num_bytes = sum(total * sizes[name] * np.dtype(shape.dtype).itemsize for name, shape in shapes.items())
     if num_bytes > max_log_likelihood_bytes:
@@ -116,11 +110,34 @@ def full_data_log_likelihood(
             num_bytes, max_log_likelihood_bytes, num_chains, num_draws, sizes, _THINNING
         ))
     out = {name: np.empty((total,) + shape.shape[1:], np.dtype(shape.dtype)) for name, shape in shapes.items()}
+    for start, chunk in _log_likelihood_chunks(evaluate, flat, chunk_size):
+        for name, values in chunk.items():
+            out[name][start : start + len(values)] = values
+    return {name: values.reshape((num_chains, num_draws) + values.shape[1:]) for name, values in out.items()}
+
+
+def _evaluator(mcmc: MCMC) -> Callable[[dict[str, Any]], dict[str, jax.Array]]:
+    """The compiled pointwise log-likelihood of the run's full-data model at draws ``{site: (m, ...)}``, with the
+    run's data as arguments of the compiled function, not constants in it (large N; data on several hosts)."""
+    data, merge = split_arrays((mcmc._args, mcmc._kwargs))
+
+    @jax.jit
+    def evaluate(s, data):
+        args, kwargs = merge(data)
+        return numpyro_log_likelihood(mcmc.sampler.model, s, *args, **kwargs)
+
+    return partial(evaluate, data=data)
+
+
+def _log_likelihood_chunks(
+    evaluate: Callable[[dict[str, Any]], dict[str, jax.Array]], flat: dict[str, Any], chunk_size: int
+) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """``(start, {site: (rows, *site_shape)})``: the pointwise log-likelihood of ``chunk_size`` draws at a time of
+    ``flat`` ``{site: (m, ...)}`` by ``evaluate`` (:func:`_evaluator`), on this host (gathered from every host)."""
+    total = jax.tree.leaves(flat)[0].shape[0]
     for start in range(0, total, chunk_size):
         chunk = jax.tree.map(lambda x, start=start: x[start : start + chunk_size], flat)
-        for name, values in evaluate(chunk, data).items():
-            out[name][start : start + chunk_size] = to_host(values)  # gathered from every host
-    return {name: values.reshape((num_chains, num_draws) + values.shape[1:]) for name, values in out.items()}
+        yield start, {name: to_host(values) for name, values in evaluate(chunk).items()}
 
 
 def to_inference_data(

@@ -1,5 +1,6 @@
-"""The full-data score of a NumPyro model at given latent values, and what :func:`ppl_sgmcmc.diagnostics.ksd`
-and :func:`ppl_sgmcmc.diagnostics.step_halving_check` read from a finished NumPyro run.
+"""The full-data score of a NumPyro model at given latent values, and what :func:`ppl_sgmcmc.diagnostics.ksd`,
+:func:`ppl_sgmcmc.diagnostics.step_halving_check` and :func:`ppl_sgmcmc.diagnostics.energy_noise` read from a
+finished NumPyro run.
 
 :func:`full_data_score` is ``s(θ) = -∇U(θ)`` for the potential ``U`` of the whole data set, the gradient an
 SG-MCMC kernel only estimates from minibatches: the kernel Stein discrepancy compares the draws with the
@@ -8,6 +9,7 @@ posterior through it (Gorham & Mackey, "Measuring Sample Quality with Kernels", 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,9 +21,11 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from jax.typing import ArrayLike
 from numpyro.distributions.transforms import biject_to
+from numpyro.handlers import seed, trace
 from numpyro.infer import MCMC
 
 from ppl_sgmcmc import diagnostics
+from ppl_sgmcmc.numpyro import inference_data, warmup
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
 from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, split_arrays
 
@@ -62,7 +66,7 @@ def _scores(
     flat = diagnostics.flatten_draws(latents, batch_ndim=1)
     _, unravel = ravel_pytree({name: jnp.asarray(value, flat.dtype)[0] for name, value in latents.items()})
     batches = target.epoch(rng_key, target.data_size)
-    count = jax.tree.leaves(batches)[0].shape[0]
+    count = warmup.batch_count(batches)
     data, merge = split_arrays((model_args, model_kwargs))
 
     @jax.jit
@@ -73,7 +77,7 @@ def _scores(
             def add(total: jax.Array, batch: Any) -> tuple[jax.Array, None]:
                 return total + jnp.asarray(target.gradient(x, unravel, batch, args, kwargs).grad), None
 
-            return -lax.scan(add, jnp.zeros_like(x), batches)[0] / count
+            return -lax.scan(add, jnp.zeros_like(x), batches, length=count)[0] / count
 
         return lax.map(score, flat, batch_size=DRAWS_PER_BLOCK)
 
@@ -137,8 +141,9 @@ def full_data_score(
 class RunView:
     """A finished ``numpyro.infer.MCMC`` run of a ppl_sgmcmc kernel, as :mod:`ppl_sgmcmc.diagnostics` reads it:
     its draws (constrained, or unconstrained for the scores), the full-data scores, the adapted
-    preconditioner and the continuation of its chains from their final states (``mcmc.last_state``, as
-    ``mcmc.post_warmup_state`` of a new ``MCMC`` without warm-up: the kernel is not initialised again).
+    preconditioner, the per-datum log-likelihoods and CSGLD's energy grid, and the continuation of its chains
+    from their final states (``mcmc.last_state``, as ``mcmc.post_warmup_state`` of a new ``MCMC`` without
+    warm-up: the kernel is not initialised again).
 
     :param mcmc: the run.
     :param fn: the diagnostic's name, for messages.
@@ -246,3 +251,34 @@ class RunView:
             np.atleast_1d(np.asarray(mcmc.last_state.step_size)),
             np.atleast_1d(np.asarray(continued.last_state.step_size)),
         )
+
+    def pointwise(self, num_draws: int, chunk_size: int | None) -> diagnostics._Pointwise:
+        """The per-datum log-likelihoods of the full-data model (:func:`ppl_sgmcmc.numpyro.full_data_log_likelihood`'s
+        compiled evaluation) at ``num_draws`` draws evenly spaced over each chain, evaluated lazily ``chunk_size``
+        draws at a time, with the subsampled plates and the plate of each observed site."""
+        target = self.target
+        assert isinstance(target, ModelTarget)  # energy_noise refuses a potential_fn first
+        model_trace = trace(seed(self.kernel.model, 0)).get_trace(*self.model_args, **self.model_kwargs)
+        frames = {
+            name: [(frame.name, frame.dim) for frame in site["cond_indep_stack"]]
+            for name, site in model_trace.items()
+            if site["type"] == "sample" and site["is_observed"]
+        }
+        sites = diagnostics._site_plates(frames, target.plate_sizes, self.fn)
+        samples = self.mcmc.get_samples(group_by_chain=True)
+        chains, draws = jax.tree.leaves(samples)[0].shape[:2]
+        index = diagnostics._chain_index(draws, num_draws, self.fn)
+        m = chains * len(index)
+        flat = {name: value[:, index].reshape((m,) + value.shape[2:]) for name, value in samples.items()}
+        evaluate = inference_data._evaluator(self.mcmc)
+        shapes = jax.eval_shape(evaluate, {name: value[:1] for name, value in flat.items()})  # no evaluation
+        entries = sum(math.prod(shape.shape[1:]) for shape in shapes.values())
+        rows = diagnostics._rows_per_chunk(chunk_size, entries, m)
+        return diagnostics._Pointwise(
+            dict(target.plate_sizes), sites, target.replace, (chains, len(index)),
+            inference_data._log_likelihood_chunks(evaluate, flat, rows),
+        )  # fmt: skip
+
+    def energy_gaps(self) -> np.ndarray:
+        """CSGLD's ``Δu`` of each chain, from the final state."""
+        return np.atleast_1d(np.asarray(self.mcmc.last_state.rule_state.energy_gap, np.float64))

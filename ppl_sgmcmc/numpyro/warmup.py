@@ -60,6 +60,13 @@ POWER_ITERATIONS = 20
 GradientFn = Callable[[jax.Array, Any], Any]  # (flat position, batch) -> StochasticGradient
 
 
+def batch_count(batches: Any) -> int:
+    """The number of minibatches stacked in ``batches`` (a target's ``epoch``): the leading axis of its arrays, or
+    1 for a model without subsampled plates, whose epoch is one full-data batch with no indices to stack."""
+    leaves = jax.tree.leaves(batches)
+    return leaves[0].shape[0] if leaves else 1
+
+
 def _all_finite(x: jax.Array) -> jax.Array:
     return jnp.isfinite(jnp.sum(x))
 
@@ -126,7 +133,7 @@ def hessian(gradient: GradientFn, batches: Any, flat: jax.Array) -> tuple[jax.Ar
         >>> H.tolist(), g.tolist()
         ([[2.0, 3.0], [3.0, 4.0]], [2.0, 3.0])
     """
-    count = jax.tree.leaves(batches)[0].shape[0]
+    count = batch_count(batches)
     d = flat.shape[0]
 
     def body(totals, batch):
@@ -134,7 +141,7 @@ def hessian(gradient: GradientFn, batches: Any, flat: jax.Array) -> tuple[jax.Ar
         grad, hvp = jax.linearize(grad_fn, flat)
         return (totals[0] + jax.vmap(hvp)(jnp.eye(d, dtype=flat.dtype)), totals[1] + grad), None
 
-    (H, g), _ = lax.scan(body, (jnp.zeros((d, d), flat.dtype), jnp.zeros(d, flat.dtype)), batches)
+    (H, g), _ = lax.scan(body, (jnp.zeros((d, d), flat.dtype), jnp.zeros(d, flat.dtype)), batches, length=count)
     return H / count, g / count
 
 
@@ -160,7 +167,7 @@ def newton(gradient: GradientFn, batches: Any, flat: jax.Array, hessian: jax.Arr
         >>> [round(v, 6) for v in x.tolist()]
         [0.0]
     """
-    count = jax.tree.leaves(batches)[0].shape[0]
+    count = batch_count(batches)
     fractions = jnp.asarray((0.0, *NEWTON_FRACTIONS), flat.dtype)
 
     def iteration(carry):
@@ -172,7 +179,9 @@ def newton(gradient: GradientFn, batches: Any, flat: jax.Array, hessian: jax.Arr
             out = vmap(lambda c: gradient(c, batch))(candidates)
             return (totals[0] + out.energy, totals[1] + out.grad), None
 
-        (energies, grads), _ = lax.scan(body, (jnp.zeros(fractions.shape, flat.dtype), jnp.zeros_like(candidates)), batches)
+        (energies, grads), _ = lax.scan(
+            body, (jnp.zeros(fractions.shape, flat.dtype), jnp.zeros_like(candidates)), batches, length=count
+        )
         best = jnp.argmin(jnp.where(jnp.isfinite(energies), energies, jnp.inf))
         moved = fractions[best] * jnp.sqrt(jnp.abs(step @ hessian @ step))  # in posterior sds
         radius = jnp.where(best == 1, NEWTON_GROWTH * radius, radius)
@@ -204,7 +213,7 @@ def hessian_diagonal(gradient: GradientFn, batches: Any, flat: jax.Array, rng_ke
         >>> diagonal.tolist(), g.tolist()
         ([2.0, 4.0], [2.0, 4.0])
     """
-    count = jax.tree.leaves(batches)[0].shape[0]
+    count = batch_count(batches)
 
     def body(totals, batch_and_key):
         batch, key = batch_and_key
@@ -235,7 +244,7 @@ def largest_curvature(gradient: GradientFn, batches: Any, flat: jax.Array, scale
         >>> round(float(largest_curvature(gradient, jnp.arange(4), jnp.zeros(2), jnp.ones(2), jax.random.PRNGKey(0))), 3)
         3.0
     """
-    count = jax.tree.leaves(batches)[0].shape[0]
+    count = batch_count(batches)
 
     def body(v, index):
         batch = jax.tree.map(lambda b: b[index % count], batches)
@@ -265,7 +274,7 @@ def hessian_rows(data_size: int, probes: int) -> int:
 def probe(gradient: GradientFn, batches: Any, flat: jax.Array) -> Any:
     """The stochastic gradients of ``batches`` (stacked minibatches) at ``flat``, stacked
     (a :class:`~ppl_sgmcmc.rules.StochasticGradient` of rows)."""
-    return vmap(lambda batch: gradient(flat, batch))(batches)
+    return vmap(lambda batch: gradient(flat, batch), axis_size=batch_count(batches))(batches)
 
 
 def when(pred: jax.Array, fn: Callable[[Any, Any], Any], operand: Any, args: Any = ()) -> Any:

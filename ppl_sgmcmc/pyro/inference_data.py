@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
 import arviz as az
@@ -89,13 +89,14 @@ class _Sites(NamedTuple):
     observed: dict[str, tuple[torch.Size, torch.dtype]]  # data sites (not deterministic): log_prob's shape, dtype
     deterministic: list[str]
     local: list[str]  # latent sites that are not among the samples: local Gibbs sites
+    plates: dict[str, list[tuple[str, int | None]]]  # each observed site's plates: (name, dim)
 
 
 def _sites(mcmc: MCMC) -> _Sites:
     with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():  # leaves Pyro's RNG as it was
         model_trace = poutine.trace(mcmc.kernel.model).get_trace(*mcmc._args, **mcmc._kwargs)
     samples = mcmc.get_samples()
-    observed, deterministic, local = {}, [], []
+    observed, deterministic, local, plates = {}, [], [], {}
     for name, site in model_trace.nodes.items():
         if site["type"] != "sample" or type(site["fn"]).__name__ == "_Subsample":
             continue
@@ -104,9 +105,10 @@ def _sites(mcmc: MCMC) -> _Sites:
         elif site["is_observed"]:
             log_prob = site["fn"].log_prob(site["value"])
             observed[name] = (log_prob.shape, log_prob.dtype)
+            plates[name] = [(frame.name, frame.dim) for frame in site["cond_indep_stack"]]
         elif name not in samples:
             local.append(name)
-    return _Sites(observed, deterministic, local)
+    return _Sites(observed, deterministic, local, plates)
 
 
 
@@ -194,13 +196,28 @@ def full_data_log_likelihood(
         name: torch.empty((total,) + tuple(shape), dtype=dtype).numpy()
         for name, (shape, dtype) in sites.observed.items()
     }
+    for start, chunk in _log_likelihood_chunks(mcmc, flat, sites.observed, chunk_size):
+        for name, values in chunk.items():
+            out[name][start : start + len(values)] = values
+    return {name: values.reshape((num_chains, num_draws) + values.shape[1:]) for name, values in out.items()}
+
+
+def _log_likelihood_chunks(
+    mcmc: MCMC, flat: dict[str, torch.Tensor], observed: dict[str, tuple], chunk_size: int
+) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """``(start, {site: (rows, *site_shape)})``: the pointwise log-likelihood of the ``observed`` sites at
+    ``chunk_size`` draws at a time of ``flat`` ``{site: (m, ...)}``, each chunk in one run of the model batched
+    over its draws, or, from the first chunk the model does not broadcast over, one draw at a time (with a
+    warning)."""
+    total = next(iter(flat.values())).shape[0]
     vectorize = True
-    with torch.no_grad(), poutine.block():
-        for start in range(0, total, chunk_size):
-            stop = min(start + chunk_size, total)
+    for start in range(0, total, chunk_size):
+        stop = min(start + chunk_size, total)
+        out: dict[str, np.ndarray] | None = None
+        with torch.no_grad(), poutine.block():
             if vectorize:
                 try:
-                    chunk = _vectorized(mcmc, {k: v[start:stop] for k, v in flat.items()}, sites.observed)
+                    chunk = _vectorized(mcmc, {k: v[start:stop] for k, v in flat.items()}, observed)
                 except Exception as error:  # noqa: BLE001 - any failure of the batched run: fall back
                     vectorize = False
                     reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -210,16 +227,14 @@ def full_data_log_likelihood(
                         "it, write the model to broadcast, e.g. `(Xb @ w.unsqueeze(-1)).squeeze(-1)` instead of "
                         "`Xb @ w`.",
                         UserWarning,
-                        stacklevel=3,
+                        stacklevel=4,
                     )
                 else:
-                    for name, values in chunk.items():
-                        out[name][start:stop] = values.cpu().numpy()
-                    continue
-            for i in range(start, stop):
-                for name, values in _one_draw(mcmc, {k: v[i] for k, v in flat.items()}, sites.observed).items():
-                    out[name][i] = values.cpu().numpy()
-    return {name: values.reshape((num_chains, num_draws) + values.shape[1:]) for name, values in out.items()}
+                    out = {name: values.cpu().numpy() for name, values in chunk.items()}
+            if out is None:
+                rows = [_one_draw(mcmc, {k: v[i] for k, v in flat.items()}, observed) for i in range(start, stop)]
+                out = {name: np.stack([row[name].cpu().numpy() for row in rows]) for name in observed}
+        yield start, out
 
 
 def to_inference_data(

@@ -1,5 +1,6 @@
-"""The full-data score of a Pyro model at given latent values, and what :func:`ppl_sgmcmc.diagnostics.ksd`
-and :func:`ppl_sgmcmc.diagnostics.step_halving_check` read from a finished Pyro run.
+"""The full-data score of a Pyro model at given latent values, and what :func:`ppl_sgmcmc.diagnostics.ksd`,
+:func:`ppl_sgmcmc.diagnostics.step_halving_check` and :func:`ppl_sgmcmc.diagnostics.energy_noise` read from a
+finished Pyro run.
 
 :func:`full_data_score` is ``s(θ) = -∇U(θ)`` for the potential ``U`` of the whole data set, the gradient an
 SG-MCMC kernel only estimates from minibatches: the kernel Stein discrepancy compares the draws with the
@@ -8,6 +9,7 @@ posterior through it (Gorham & Mackey, "Measuring Sample Quality with Kernels", 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +22,7 @@ from pyro.infer.autoguide.initialization import init_to_uniform
 
 from ppl_sgmcmc import diagnostics
 from ppl_sgmcmc.checkpoint import ChainState
+from ppl_sgmcmc.pyro import inference_data
 from ppl_sgmcmc.pyro.handlers import as_tensors
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
@@ -136,8 +139,9 @@ def full_data_score(
 class RunView:
     """A finished ``pyro.infer.MCMC`` run of a ppl_sgmcmc kernel, as :mod:`ppl_sgmcmc.diagnostics` reads it:
     its draws (constrained, or unconstrained for the scores), the full-data scores, the adapted
-    preconditioner and the continuation of its last chain from the final state the kernel kept
-    (``kernel.last_state``, continued through ``kernel.resume_from``).
+    preconditioner, the per-datum log-likelihoods and CSGLD's energy grid (of every chain), and the
+    continuation of its last chain from the final state the kernel kept (``kernel.last_state``, continued
+    through ``kernel.resume_from``).
 
     :param mcmc: the run.
     :param fn: the diagnostic's name, for messages.
@@ -255,3 +259,31 @@ class RunView:
             np.array([float(last.state.step_size)]),
             np.array([float(self.kernel.last_state.state.step_size)]),
         )
+
+    def pointwise(self, num_draws: int, chunk_size: int | None) -> diagnostics._Pointwise:
+        """The per-datum log-likelihoods of the full-data model (:func:`ppl_sgmcmc.pyro.full_data_log_likelihood`'s
+        batched evaluation) at ``num_draws`` draws evenly spaced over each chain (of every chain the run holds),
+        evaluated lazily ``chunk_size`` draws at a time, with the subsampled plates and the plate of each observed
+        site."""
+        target = self.target
+        assert isinstance(target, ModelTarget)  # energy_noise refuses a potential_fn first
+        sites = inference_data._sites(self.mcmc)
+        plates = diagnostics._site_plates(sites.plates, target.plate_sizes, self.fn)
+        samples = self.mcmc.get_samples(group_by_chain=True)  # deterministic sites too, as full_data_log_likelihood
+        chains, draws = next(iter(samples.values())).shape[:2]
+        index = torch.as_tensor(diagnostics._chain_index(draws, num_draws, self.fn))
+        m = chains * len(index)
+        flat = {name: value[:, index].reshape((m,) + value.shape[2:]) for name, value in samples.items()}
+        entries = sum(math.prod(shape) for shape, _ in sites.observed.values())
+        rows = diagnostics._rows_per_chunk(chunk_size, entries, m)
+        return diagnostics._Pointwise(
+            dict(target.plate_sizes), plates, target.replace, (chains, len(index)),
+            inference_data._log_likelihood_chunks(self.mcmc, flat, sites.observed, rows),
+        )  # fmt: skip
+
+    def energy_gaps(self) -> np.ndarray:
+        """CSGLD's ``Δu`` of each chain, as the chains reported it (``mcmc.diagnostics()``)."""
+        chains = self.mcmc._diagnostics
+        if not chains or any(chain is None or "energy_gap" not in chain for chain in chains):
+            raise ValueError(f"{self.fn}: the run's chains did not report their `energy_gap` (mcmc.diagnostics()).")
+        return np.array([float(chain["energy_gap"]) for chain in chains])

@@ -236,3 +236,23 @@ def test_the_compiled_step_has_no_effects(logistic_data):
     state = kernel.init(jax.random.PRNGKey(0), 10, None, logistic_data)
     assert not kernel._reports_after_run
     assert jax.make_jaxpr(kernel.sample)(state, logistic_data, {}).effects == set()
+
+
+def test_tuned_warmup_with_a_full_batch_plate():
+    """A plate whose `subsample_size` is its size has no minibatches: the tuned warm-up's averages run over one
+    full-data batch (it failed with "list index out of range"); SGLD's draws then follow the exact posterior."""
+    from tests.helpers import assert_mc_close, mean_and_mcse
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0, 10))
+        with numpyro.plate("data", y.shape[0], subsample_size=y.shape[0]):
+            numpyro.sample("y", dist.Normal(mu, 1), obs=numpyro.subsample(y, event_dim=0))
+
+    y = jnp.linspace(0, 2, 50)
+    precision = 50 + 0.01
+    mcmc = MCMC(SGLD(model), num_warmup=300, num_samples=2000, num_chains=2, chain_method="vectorized",
+                progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(0), y)
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"])[..., None]
+    mean, mcse = mean_and_mcse(draws)
+    assert_mc_close("posterior mean", mean, np.array([float(y.sum()) / precision]), mcse)

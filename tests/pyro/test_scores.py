@@ -1,7 +1,7 @@
 """The full-data score of a Pyro kernel's target (:mod:`ppl_sgmcmc.pyro.scores`), against autograd of the
-full-data log density written out by hand, and :func:`~ppl_sgmcmc.diagnostics.ksd` and
-:func:`~ppl_sgmcmc.diagnostics.step_halving_check` on Pyro runs (one chain per ``MCMC``: the kernel keeps the
-final state of the chain it ran)."""
+full-data log density written out by hand, and :func:`~ppl_sgmcmc.diagnostics.ksd`,
+:func:`~ppl_sgmcmc.diagnostics.step_halving_check` and :func:`~ppl_sgmcmc.diagnostics.energy_noise` on Pyro runs
+(one chain per ``MCMC``: the kernel keeps the final state of the chain it ran)."""
 
 import warnings
 
@@ -9,11 +9,12 @@ import numpy as np
 import pyro
 import pyro.distributions as dist
 import pytest
+import scipy.stats
 import torch
 from pyro.infer import MCMC, NUTS
 
-from ppl_sgmcmc.diagnostics import imq_ksd, ksd, step_halving_check
-from ppl_sgmcmc.pyro import SGLD, full_data_score
+from ppl_sgmcmc.diagnostics import energy_noise, imq_ksd, ksd, step_halving_check
+from ppl_sgmcmc.pyro import CSGHMC, CSGLD, SGLD, full_data_score
 from tests.pyro.models import logistic_data, logistic_model
 
 
@@ -160,3 +161,58 @@ def test_ksd_and_step_halving_of_a_model_run():
         halving = step_halving_check(mcmc, num_samples=20)
     assert list(halving.table.index) == ["scale", "w[0]", "w[1]"]
     assert (halving.table[["sd", "sd_halved"]] > 0).all(axis=None)
+
+
+# --- the minibatch-energy noise of CSGLD / CSGHMC -----------------------------------------------------------------
+def two_mode_model(y, n):
+    """``θ ~ N(0.8, 1)``, ``y_i ~ N(θ², 1)``, ``N = 20``: two modes near ``θ = ±1.05`` (as in
+    ``tests/test_diagnostics.py``)."""
+    theta = pyro.sample("theta", dist.Normal(0.8, 1.0))
+    with pyro.plate("data", y.shape[0], subsample_size=n):
+        pyro.sample("y", dist.Normal(theta**2, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+
+def two_mode_run(kernel, n):
+    e = np.random.default_rng(0).normal(size=20)
+    y = torch.tensor(1.1 + (e - e.mean()) / e.std(), dtype=torch.float32)
+    mcmc = MCMC(kernel, warmup_steps=200, num_samples=100, disable_progbar=True)
+    with warnings.catch_warnings():  # the run's own (noise ratio; no subsampled plate when n = N)
+        warnings.simplefilter("ignore")
+        mcmc.run(y, n)
+    return mcmc, y.double().numpy()
+
+
+def test_energy_noise_of_csgld_runs():
+    """Minibatches of 5 of 20 without replacement: ``σ² = (N²/n) Var_i[log p(y_i | θ)] (N - n)/(N - 1)``, computed by
+    hand at the 40 evenly spaced draws, far above Δu/2 and 0.3 τ: a warning. CSGHMC with n = N: no noise, silent."""
+    mcmc, y = two_mode_run(CSGLD(two_mode_model, step_size=1e-3, replace=False, compile_potential=False), 5)
+    with pytest.warns(RuntimeWarning, match=r"CSGLD: the minibatch energies are too noisy .*chain 0: σ/Δu = "):
+        result = energy_noise(mcmc, num_draws=40)
+    print(result)
+    theta = mcmc.get_samples()["theta"].double().numpy()[np.arange(40) * 100 // 40]
+    log_lik = scipy.stats.norm.logpdf(y, theta[:, None] ** 2, 1.0)
+    want = 20 / np.sqrt(5) * log_lik.std(axis=1) * np.sqrt(15 / 19)
+    np.testing.assert_allclose(result.sigma, want[None], rtol=1e-4)
+    assert result.plates == {"data": (20, 5)} and not result.replace and result.table["biased"].all()
+    assert result.table.loc[0, "energy_gap"] == pytest.approx(mcmc.diagnostics()["energy_gap"]["chain 0"])
+    assert "without replacement" in str(result)
+
+    full, _ = two_mode_run(CSGHMC(two_mode_model, step_size=1e-2, replace=False, compile_potential=False), 20)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet = energy_noise(full, num_draws=10)
+    assert not caught, [str(w.message) for w in caught]
+    assert quiet.plates == {} and quiet.flagged == []
+    np.testing.assert_array_equal(quiet.sigma, np.zeros((1, 10)))
+
+
+def test_energy_noise_refuses_other_kernels_and_potential_fn():
+    with pytest.raises(TypeError, match="the run's kernel is SGLD, not CSGLD or CSGHMC"):
+        energy_noise(run(SGLD(potential_fn=gaussian_potential, step_size=0.1), 10, warmup_steps=0))
+    kernel = CSGLD(potential_fn=gaussian_potential, step_size=0.1, energy_min=0.0, energy_gap=1.0)
+    with pytest.raises(ValueError, match=r"built from a `potential_fn`, which has no per-datum log-likelihoods"):
+        energy_noise(run(kernel, 10, warmup_steps=0))
+    idle = MCMC(CSGLD(two_mode_model, step_size=1e-3), warmup_steps=10, num_samples=10, disable_progbar=True)
+    with pytest.raises(ValueError, match="holds no draws"):
+        energy_noise(idle)
+
