@@ -14,6 +14,10 @@ compiled ``lax.fori_loop``:
 * ``read-ahead, K``: the same, but the callback returns the block a host thread read while the previous block
   ran, and starts the thread on the next block's indices (drawn one block ahead).
 
+Then the same comparison through the library: ``SGLD(model)`` on the device array against
+``SGLD(streamed(model, block=K))`` on a :class:`~ppl_sgmcmc.numpyro.streaming.HostArray` of the memmap (labels on
+the device), ``kernel.sample`` in one compiled ``lax.fori_loop``.
+
 Each configuration is compiled once and timed round-robin, best of ``--repeats``; printed as µs per step and as
 a ratio to ``resident``.
 
@@ -95,6 +99,52 @@ class ReadAhead:
         return rows
 
 
+def through_the_kernel(X_host, X, y, steps, repeats):
+    """``{configuration: seconds}`` for ``steps`` SGLD steps: rows on the device, or streamed in blocks."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    from ppl_sgmcmc.numpyro import SGLD
+    from ppl_sgmcmc.numpyro.streaming import HostArray, streamed
+
+    def model(X, y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([D]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=BATCH):
+            logits = numpyro.subsample(X, event_dim=1) @ w
+            numpyro.sample("y", dist.Bernoulli(logits=logits), obs=numpyro.subsample(y, event_dim=0))
+
+    configs = {"resident": (SGLD(model, step_size=1e-6), (X, y))}
+    for K in (1, 4, 16, 64):
+        configs[f"streamed(block={K})"] = (SGLD(streamed(model, block=K), step_size=1e-6), (HostArray(X_host), y))
+    compiled = {}
+    for name, (kernel, data) in configs.items():
+        state = kernel.init(random.PRNGKey(0), 0, None, data)
+        run = jax.jit(lambda state, kernel=kernel, data=data: lax.fori_loop(
+            0, steps, lambda _, s: kernel.sample(s, data, {}), state))  # fmt: skip
+        jax.block_until_ready(run(state))
+        compiled[name] = (run, state)
+    return round_robin({name: (lambda run=run, state=state: run(state)) for name, (run, state) in compiled.items()},
+                       repeats)
+
+
+def round_robin(fns, repeats):
+    """``{name: fastest time}`` of calling each ``fns[name]()`` ``repeats`` times, interleaved."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def table(best, steps):
+    print("| configuration | µs per step | / resident |")
+    print("|---|---:|---:|")
+    for name, t in best.items():
+        print(f"| {name} | {t / steps * 1e6:.1f} | {t / best['resident']:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=None, help="where to write (or find) the data file")
@@ -115,17 +165,13 @@ def main() -> None:
     for name, run in configs.items():
         compiled[name] = jax.jit(run, static_argnums=0)
         compiled[name](args.steps).block_until_ready()
-    best = dict.fromkeys(compiled, float("inf"))
-    for _ in range(args.repeats):
-        for name, fn in compiled.items():
-            start = time.perf_counter()
-            fn(args.steps).block_until_ready()
-            best[name] = min(best[name], time.perf_counter() - start)
+    best = round_robin({name: (lambda fn=fn: fn(args.steps)) for name, fn in compiled.items()}, args.repeats)
     print(f"N = {N:.0e}, d = {D}, n = {BATCH}, {args.steps} steps, best of {args.repeats} round-robin runs\n")
-    print("| configuration | µs per step | / resident |")
-    print("|---|---:|---:|")
-    for name, t in best.items():
-        print(f"| {name} | {t / args.steps * 1e6:.1f} | {t / best['resident']:.2f} |")
+    print("Bare loops:\n")
+    table(best, args.steps)
+    print("\nThrough the kernel (SGLD, `kernel.sample` in a compiled loop):\n")
+    y = jnp.asarray((np.asarray(buffer[:, 0]) > 0).astype(np.float32))
+    table(through_the_kernel(buffer, jnp.asarray(np.load(path)), y, args.steps, args.repeats), args.steps)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """MkDocs hooks of the documentation site (``hooks:`` in ``docs/mkdocs.yml``).
 
-The teaching notebooks live in ``notebooks/`` at the repository root, where pytest (nbmake) executes
-them; this hook adds them to the site as ``notebooks/<name>.ipynb``, before mkdocs-jupyter turns
-``.ipynb`` files into pages.
+The teaching notebooks live in ``notebooks/`` at the repository root, stored without outputs, where pytest
+(nbmake) executes them; their executed copies, with outputs and figures, are in ``docs/rendered/notebooks/``
+(``docs/render_notebooks.py`` writes them). This hook adds each notebook to the site as
+``notebooks/<name>.ipynb``, before mkdocs-jupyter turns ``.ipynb`` files into pages: the rendered copy when it
+was made from the notebook's current cells, else the notebook itself, without outputs (logged at INFO level,
+so that a stale copy does not fail ``mkdocs build --strict``).
 
 It also silences one griffe warning that is not a documentation error: a kernel documents the options
 it forwards to its base class through ``**kwargs`` (``temperature``, ``replace``, ...), and griffe,
@@ -16,9 +19,11 @@ from pathlib import Path
 
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
+from render_notebooks import COMMAND, RENDERED, is_current, rendered_path  # docs/render_notebooks.py
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+log = logging.getLogger("mkdocs.hooks.notebooks")
 
 
 def _forwarded_options():
@@ -56,10 +61,19 @@ logging.getLogger("mkdocs.plugins.griffe").addFilter(_ForwardedOptions())
 @event_priority(100)  # before mkdocs-jupyter's on_files
 def on_files(files, config):
     for notebook in sorted(NOTEBOOKS.glob("*.ipynb")):
+        if is_current(notebook):
+            src_dir = RENDERED.parent  # docs/rendered/notebooks/<name>.ipynb
+        else:
+            src_dir = NOTEBOOKS.parent
+            why = "is stale" if rendered_path(notebook).is_file() else "is missing"
+            log.info(
+                f"the rendered copy of notebooks/{notebook.name} {why}: the site shows the notebook without "
+                f"outputs; render it with `{COMMAND} {notebook.stem}`"
+            )
         files.append(
             File(
                 f"notebooks/{notebook.name}",
-                src_dir=str(NOTEBOOKS.parent),
+                src_dir=str(src_dir),
                 dest_dir=config["site_dir"],
                 use_directory_urls=config["use_directory_urls"],
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, NamedTuple
 
+import numpy as np
 from array_api_compat import array_namespace
 
 #: A run in which more than this fraction of the steps so far was rejected is reported (from
@@ -103,8 +104,8 @@ def passed_power_of_two(before: Any, after: Any) -> Any:
 
 class HealthState(NamedTuple):
     """What a chain's checks found so far: ``flags`` (booleans for :data:`KINDS`, each set once a check
-    fails), ``values`` (the values behind them when the first check failed: step size, steps, rejected
-    steps, largest magnitude, noise ratio, warm-up restarts, steps since the previous check), and
+    fails), ``values`` (one row per kind: the values behind it when its check first failed: step size, steps,
+    rejected steps, largest magnitude, noise ratio, warm-up restarts, steps since the previous check), and
     ``anchor``/``anchor_step``, the position at the previous check and its step (to see a frozen chain). The
     NumPyro kernels keep it in their state,
     so that a compiled run needs no host callback (which would slow every call of a compiled step); the
@@ -128,7 +129,10 @@ def init(like: Any) -> HealthState:
     """
     xp = array_namespace(like)
     return HealthState(
-        xp.zeros((len(KINDS),), dtype=xp.bool), xp.zeros((7,), dtype=like.dtype), like, xp.zeros((), dtype=like.dtype)
+        xp.zeros((len(KINDS),), dtype=xp.bool),
+        xp.zeros((len(KINDS), 7), dtype=like.dtype),
+        like,
+        xp.zeros((), dtype=like.dtype),
     )
 
 
@@ -145,16 +149,18 @@ def update(
 ) -> HealthState:
     """``state`` after the checks of :func:`check` at step ``i``, and the frozen-chain check (the position
     moved by less than :data:`FROZEN_TOLERANCE` relative to its magnitude since the previous check, at
-    least :data:`FROZEN_STEPS` steps ago): failed checks are added to ``flags``, ``values`` are kept from
-    the first failure, and the anchor moves to this check.
+    least :data:`FROZEN_STEPS` steps ago): failed checks are added to ``flags``, each kind's row of ``values``
+    is kept from its first failure, and the anchor moves to this check.
 
     **Example**::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc import health
         >>> state = health.update(health.init(jnp.ones(2)), 200, 150, 0.1, jnp.ones(2), ())
-        >>> state.flags.tolist(), state.values.tolist()  # most steps rejected, and the chain did not move
-        ([False, True, False, False, False, True], [0.10000000149011612, 200.0, 150.0, 1.0, nan, 0.0, 200.0])
+        >>> state.flags.tolist()  # most steps rejected, and the chain did not move
+        [False, True, False, False, False, True]
+        >>> state.values[1].tolist()  # the rejections' values
+        [0.10000000149011612, 200.0, 150.0, 1.0, nan, 0.0, 200.0]
     """
     xp = array_namespace(position)
     flags, values = check(i, num_diverging, step_size, position, rule_state, noise_ratio, noise_limit, restarts)
@@ -164,8 +170,9 @@ def update(
     frozen = (since >= FROZEN_STEPS) & (moved <= FROZEN_TOLERANCE * (1 + xp.max(xp.abs(state.anchor))))
     flags = xp.concat([flags, xp.reshape(frozen, (1,))])
     values = xp.concat([values, xp.reshape(since, (1,))])
-    first = xp.any(flags) & ~xp.any(state.flags)
-    return HealthState(state.flags | flags, xp.where(first, values, state.values), position, steps)
+    first = flags & ~state.flags  # the kinds failing for the first time keep this check's values
+    values = xp.where(first[:, None], xp.broadcast_to(values, state.values.shape), state.values)
+    return HealthState(state.flags | flags, values, position, steps)
 
 
 def message(kernel: str, kind: str, values: Any) -> str:
@@ -234,7 +241,7 @@ class Reporter:
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     for _ in range(3):
-        ...         reporter.report([False, True, False, False, False, False], [1e-3, 200, 150, 1.0, 0.1, 0, 72])
+        ...         reporter.report([False, True, False, False, False, False], [[1e-3, 200, 150, 1.0, 0.1, 0, 72]] * 6)
         >>> len(caught)
         1
     """
@@ -248,8 +255,32 @@ class Reporter:
         self.reported = set()
 
     def report(self, flags: Any, values: Any) -> None:
-        """Warn for each failed check not yet reported in this run."""
-        for kind, flag in zip(KINDS, flags):
-            if bool(flag) and kind not in self.reported:
-                warnings.warn(message(self.kernel, kind, values), RuntimeWarning, stacklevel=2)
+        """Warn for each failed check not yet reported in this run (``flags``, ``values``: a
+        :class:`HealthState`'s, with or without a leading chain axis; see :func:`failures`)."""
+        for kind, text in failures(self.kernel, flags, values).items():
+            if kind not in self.reported:
+                warnings.warn(text, RuntimeWarning, stacklevel=2)
                 self.reported.add(kind)  # after the warning: one a filter raised as an error is raised again
+
+
+def failures(kernel: str, flags: Any, values: Any) -> dict[str, str]:
+    """``{kind: message}`` for the failed checks of a :class:`HealthState`'s ``flags`` and ``values``; with a
+    leading chain axis, each kind's message gives the values of the first chain in which it failed.
+
+    **Example** (two chains: the second rejected most of its steps)::
+
+        >>> import numpy as np
+        >>> from ppl_sgmcmc import health
+        >>> flags = np.zeros((2, len(health.KINDS)), bool)
+        >>> flags[1, 1] = True
+        >>> values = np.zeros((2, len(health.KINDS), 7))
+        >>> values[1, 1] = [1e-3, 200, 150, 1.0, 0.1, 0, 72]
+        >>> for kind, text in health.failures("SGLD", flags, values).items():
+        ...     print(kind, "|", text)
+        rejections | SGLD: 150 of the first 200 steps were rejected as non-finite (75%); ...
+    """
+    flags, values = np.asarray(flags, bool), np.asarray(values)
+    if flags.ndim == 2:  # chains: per kind, the first chain in which it failed
+        first = np.argmax(flags, axis=0)
+        flags, values = flags.any(axis=0), values[first, np.arange(len(KINDS))]
+    return {kind: message(kernel, kind, row) for kind, flag, row in zip(KINDS, flags, values) if flag}

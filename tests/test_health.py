@@ -232,3 +232,20 @@ def test_step_size_at_step_zero_is_checked():
             else:
                 kernel.initial_params = {"x": torch.ones(2)}
                 kernel.setup(0)
+
+
+@pytest.mark.parametrize("like", [jnp.zeros(2), torch.zeros(2)], ids=["jax", "torch"])
+def test_each_failure_reports_its_own_values(like):
+    """A runaway at step 16 and a storm of rejections by step 256: the rejections' message gives 200 of 256 (it
+    gave the runaway check's 9 of 16); with chains, each kind's values are those of the first chain it failed in."""
+    from ppl_sgmcmc import health
+
+    state = health.update(health.init(like), 16, 9, 0.1, like + 1e9, ())
+    state = health.update(state, 256, 200, 0.1, like + 1.0, ())
+    texts = health.failures("SGLD", state.flags, state.values)
+    assert "magnitude of 1e+09" in texts["runaway"] and "after 16 steps" in texts["runaway"]
+    assert "200 of the first 256 steps" in texts["rejections"]
+    quiet = health.update(health.init(like), 256, 0, 0.1, like + 1.0, ())
+    stack = torch.stack if isinstance(like, torch.Tensor) else jnp.stack
+    flags, values = (stack([a, b]) for a, b in zip((quiet.flags, quiet.values), (state.flags, state.values)))
+    assert health.failures("SGLD", flags, values) == texts

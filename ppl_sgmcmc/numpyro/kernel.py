@@ -11,7 +11,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax, random, vmap
 from jax.flatten_util import ravel_pytree
 from numpyro.distributions import constraints
@@ -459,9 +458,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     def report_health(self, state):
         """Warn, once per run and kind, about the known failures the chain's checks recorded in ``state``
-        (:mod:`ppl_sgmcmc.health`); with several chains, those of the first failing chain. Under
-        ``numpyro.infer.MCMC`` the compiled step reports while it runs (a host callback at each check; under
-        :class:`ppl_sgmcmc.numpyro.MCMC`, after the run); the progress bar,
+        (:mod:`ppl_sgmcmc.health`); with several chains, each kind with the values of the first chain in which it
+        failed. Under ``numpyro.infer.MCMC`` the compiled step reports while it runs (a host callback at each
+        check; under :class:`ppl_sgmcmc.numpyro.MCMC`, after the run); the progress bar,
         :func:`~ppl_sgmcmc.numpyro.to_inference_data` and :func:`ppl_sgmcmc.checkpoint.run` call this too, and a
         warning the run could not raise (one that a warnings filter turns into an error) is raised here.
 
@@ -481,15 +480,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             >>> len(caught), "Fix the `step_size` schedule" in str(caught[0].message)
             (1, True)
         """
-        self._report(state.health.flags, state.health.values)
-
-    def _report(self, flags, values):
-        flags, values = np.asarray(flags), np.asarray(values)
-        if flags.ndim == 2:  # chains
-            worst = int(np.argmax(flags.any(axis=1)))
-            flags, values = flags.any(axis=0), values[worst]
-        if flags.any():
-            self._health.report(flags.tolist(), values.tolist())
+        self._health.report(state.health.flags, state.health.values)
 
     def _report_in_run(self, flags, values):
         """:meth:`report_health` from the compiled step's host callback; returns ``flags`` unchanged.
@@ -502,7 +493,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         left to :meth:`report_health`, which raises it on the host after the run
         (:class:`ppl_sgmcmc.health.Reporter` marks a kind reported only once its warning is out)."""
         try:
-            self._report(flags, values)
+            self._health.report(flags, values)
         except Warning:  # a warning filtered into an error: raised again by report_health, outside the run
             pass
         return flags
