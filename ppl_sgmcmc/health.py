@@ -11,6 +11,7 @@ arrays alike) and, when a check fails, the backend turns it into one Python warn
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any, NamedTuple
 
@@ -257,9 +258,15 @@ class Reporter:
     def report(self, flags: Any, values: Any) -> None:
         """Warn for each failed check not yet reported in this run (``flags``, ``values``: a
         :class:`HealthState`'s, with or without a leading chain axis; see :func:`failures`)."""
+        caller = sys._getframe(1)
         for kind, text in failures(self.kernel, flags, values).items():
             if kind not in self.reported:
-                warnings.warn(text, RuntimeWarning, stacklevel=2)
+                # not `warnings.warn`: its registry shows a text once per code location, so a later run that fails
+                # the same way would be silent; once per run and kind is decided here (filters still apply)
+                warnings.warn_explicit(
+                    text, RuntimeWarning, caller.f_code.co_filename, caller.f_lineno,
+                    module=caller.f_globals.get("__name__"), registry=None, module_globals=caller.f_globals,
+                )  # fmt: skip
                 self.reported.add(kind)  # after the warning: one a filter raised as an error is raised again
 
 

@@ -249,3 +249,16 @@ def test_each_failure_reports_its_own_values(like):
     stack = torch.stack if isinstance(like, torch.Tensor) else jnp.stack
     flags, values = (stack([a, b]) for a, b in zip((quiet.flags, quiet.values), (state.flags, state.values)))
     assert health.failures("SGLD", flags, values) == texts
+
+
+def test_a_second_run_with_the_same_failure_warns_again():
+    """Python's default filter shows a text once per code location; a second run that fails the same way (same
+    kernel, same values) must warn again: the health report is once per run, not once per process."""
+    from ppl_sgmcmc import health
+
+    flags, values = [False, True, False, False, False, False], [[1e-3, 200, 150, 1.0, 0.1, 0, 72]] * 6
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(2):
+            health.Reporter("SGLD").report(flags, values)  # a new run: a new reporter
+    assert [str(w.message)[:40] for w in caught] == ["SGLD: 150 of the first 200 steps were re"] * 2

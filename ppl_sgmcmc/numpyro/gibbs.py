@@ -97,6 +97,10 @@ class GibbsTarget(ModelTarget):
             f"{self.kernel_name}: per-datum scores (SGFS) are not available with local Gibbs sites."
         )
 
+    def _search_key(self):
+        """``None``: the initial-value search depends on the Gibbs options too; it is compiled for each kernel."""
+        return None
+
     @property
     def stream_block(self):
         """``None``: the local sites are drawn step by step, so streamed rows are read step by step too."""

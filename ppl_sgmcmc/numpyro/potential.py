@@ -19,6 +19,7 @@ and its gradient there.
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from functools import partial
@@ -127,6 +128,12 @@ def split_arrays(tree):
     static = [_ARRAY if isinstance(leaf, jax.Array) else leaf for _, leaf in with_paths]
     static_paths = {path for path, leaf in with_paths if not isinstance(leaf, jax.Array)}
     return arrays, _Merge(treedef, static, static_paths)
+
+
+# the compiled initial-value searches of the last models initialised (ModelTarget._initialize): another kernel or
+# another run of the same model reuses its program instead of compiling it again
+_SEARCHES: OrderedDict[Any, Callable[..., Any]] = OrderedDict()
+_MAX_SEARCHES = 16
 
 
 def as_jax_arrays(tree: Any) -> Any:
@@ -413,8 +420,9 @@ class ModelTarget:
         """NumPyro's ``initialize_model`` search for values with a finite potential and gradient on the model of
         the first minibatch, ``minibatch_model(rng_key, model_args, model_kwargs)``, run as one compiled program
         with the data arrays as its arguments. (For one chain NumPyro evaluates its first try op by op, compiling
-        each small operation on its own: seconds, whatever the data's size.) If the search fails, it runs again
-        as NumPyro runs it, which raises NumPyro's error naming the site."""
+        each small operation on its own: seconds, whatever the data's size.) The program is kept for the next
+        kernels of the same model, strategy and arguments (:meth:`_search_key`). If the search fails, it runs
+        again as NumPyro runs it, which raises NumPyro's error naming the site."""
         data, merge = split_arrays((model_args, model_kwargs))
 
         def search(rng_key, data):
@@ -425,7 +433,17 @@ class ModelTarget:
             finite = [jnp.isfinite(x).all() for x in jax.tree.leaves((info.potential_energy, info.z_grad))]
             return info.z, jnp.stack(finite).all()
 
-        z, valid = jax.jit(search)(rng_key, data)
+        key = self._search_key()
+        try:
+            key = key and (key, init_strategy, merge.treedef, tuple(merge.static))
+            compiled = _SEARCHES.pop(key) if key in _SEARCHES else jax.jit(search)
+        except TypeError:  # an unhashable static argument: compiled for this call only
+            key, compiled = None, jax.jit(search)
+        if key is not None:  # the same model, plates and arguments: the same program (another kernel, another run)
+            _SEARCHES[key] = compiled
+            while len(_SEARCHES) > _MAX_SEARCHES:
+                _SEARCHES.popitem(last=False)
+        z, valid = compiled(rng_key, data)
         if not isinstance(valid, jax.core.Tracer) and not bool(valid):
             model = minibatch_model(rng_key, model_args, model_kwargs)
             found = initialize_model(
@@ -433,6 +451,11 @@ class ModelTarget:
             )
             z = found.param_info.z
         return self._to_position(z)
+
+    def _search_key(self) -> Any:
+        """What the initial-value search's program depends on besides the strategy and the arguments (``None``:
+        not reused)."""
+        return (type(self), self.model, tuple(sorted(self.plate_sizes.items())), self.replace)
 
     def _to_position(self, unconstrained: Params) -> Params:
         """Unconstrained values as the chain's position: themselves, or mapped to the support if :attr:`constrained`."""

@@ -256,3 +256,18 @@ def test_tuned_warmup_with_a_full_batch_plate():
     draws = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"])[..., None]
     mean, mcse = mean_and_mcse(draws)
     assert_mc_close("posterior mean", mean, np.array([float(y.sum()) / precision]), mcse)
+
+
+def test_another_kernel_of_the_same_model_reuses_the_initial_value_search():
+    """The compiled initial-value search is kept for the next kernel of the same model and arguments (NumPyro's
+    eager search reused its compiled operations across kernels; compiling the search per kernel would not)."""
+    from ppl_sgmcmc.numpyro import potential
+
+    y = jnp.ones(100)
+    potential._SEARCHES.clear()
+    SGLD(_half_valid_model, step_size=1e-3).init(jax.random.PRNGKey(0), 0, None, (y,))
+    (first,) = potential._SEARCHES.values()
+    SGNHT(_half_valid_model, step_size=1e-3).init(jax.random.PRNGKey(1), 0, None, (y,))
+    assert list(potential._SEARCHES.values()) == [first]
+    SGLD(_half_valid_model, step_size=1e-3).init(jax.random.PRNGKey(0), 0, None, (jnp.ones(50),))  # another plate
+    assert len(potential._SEARCHES) == 2 and first in potential._SEARCHES.values()
