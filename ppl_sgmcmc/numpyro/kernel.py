@@ -683,11 +683,13 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         noise_state, term, valid = self._measure_noise(state.noise, gradient, rule_state, finite, state.i)
         adapt_state = state.adapt_state
         if self.adapts:
+            like = jax.ShapeDtypeStruct(flat.shape, flat.dtype)
             adapt_state, noise_state, rule_state, new_flat = warmup.when(
                 state.i < self._num_warmup_steps,
-                lambda ops, args: self._adapt(*ops, *args),
+                # the restart's momentum is drawn in the branch: a d-vector of normals per step otherwise
+                lambda ops, args: self._adapt(*ops, *args[:-1], _refresh_noise(args[-1], like)),
                 (adapt_state, noise_state, rule_state, new_flat),
-                (keep(gradient.energy, state.potential_energy), term, valid, state.i, _refresh_noise(key_noise, flat)),
+                (keep(gradient.energy, state.potential_energy), term, valid, state.i, key_noise),
             )
         return self.state_type(
             i=state.i + 1,
