@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax, random
 
-from benchmarks.bnn_mnist import BATCH, INIT, _data, _init_params
+from benchmarks.bnn_mnist import BATCH, INIT, _data, _init_params, hand_sgld_step
 from models import bnn
 from ppl_sgmcmc import noise
 from ppl_sgmcmc.numpyro import SGLD
@@ -52,23 +52,11 @@ def kernel_run(X, y):
 
 
 def hand_run(X, y):
-    size = X.shape[0]
+    def loop(params, X, y, n):
+        step = hand_sgld_step(X, y, H)
+        return lax.fori_loop(0, n, lambda i, p: step(p, random.fold_in(random.PRNGKey(2), i)), params)
 
-    def potential(params, idx, X, y):
-        log_prior = sum(jnp.sum(-0.5 * w**2) for w in jax.tree.leaves(params))
-        log_lik = jnp.sum(jax.nn.log_softmax(bnn.forward(params, X[idx]))[jnp.arange(BATCH), y[idx]])
-        return -(log_prior + size / BATCH * log_lik)
-
-    def step(params, key, X, y):
-        k_idx, k_noise = random.split(key)
-        grads = jax.grad(potential)(params, random.randint(k_idx, (BATCH,), 0, size), X, y)
-        leaves, tree = jax.tree.flatten(params)
-        keys = random.split(k_noise, len(leaves))
-        noise_draws = tree.unflatten([random.normal(k, p.shape) for k, p in zip(keys, leaves)])
-        return jax.tree.map(lambda p, g, e: p - H * g + jnp.sqrt(2 * H) * e, params, grads, noise_draws)
-
-    loop = jax.jit(lambda p, X, y, n: lax.fori_loop(0, n, lambda i, p: step(p, random.fold_in(random.PRNGKey(2), i), X, y), p),
-                   static_argnums=3)  # fmt: skip
+    loop = jax.jit(loop, static_argnums=3)
     params = _init_params(random.PRNGKey(0), bnn.layer_sizes(784, HIDDEN, 10))
     return lambda n: loop(params, X, y, n)
 

@@ -22,7 +22,7 @@ from ppl_sgmcmc import _checks, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.numpyro import gibbs, sharding, warmup
 from ppl_sgmcmc.numpyro.handlers import full_data
-from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors, split_arrays
+from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors, ravel_into, split_arrays
 from ppl_sgmcmc.rules import has_momentum, refresh_momentum
 
 
@@ -637,7 +637,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             batch, batch_state = self._target.draw(key_draw, state.batch_state)
         else:  # the rows of the next steps, read ahead at the indices those steps draw
             batch, batch_state = self._target.draw_block(state.rng_key, state.batch_state, _draw_keys)
-        flat, _ = ravel_pytree(state.z)
+        flat = ravel_into(state.z, state.finite_position)
         gradient_state = state.gradient_state
         if self._epoch_steps is not None:  # a new centre every epoch (SVRG), all chains at once
             data, merge = split_arrays((model_args, model_kwargs))

@@ -246,6 +246,42 @@ def _values_and_deterministic(
     }
 
 
+def ravel_into(tree: Any, like: jax.Array) -> jax.Array:
+    """The leaves of ``tree`` as one vector of the shape and dtype of ``like``, in ``ravel_pytree``'s order: each
+    leaf written into a copy of ``like`` with ``lax.dynamic_update_slice``, so every entry of ``like`` must be
+    covered.
+
+    ``jax.flatten_util.ravel_pytree`` concatenates the leaves. XLA:CPU fuses the leaves' producers into a
+    concatenate and then evaluates that fusion one element at a time, without vectorising: for a gradient
+    whose leaves come out of a backward pass, that loop costs many times the gradient itself
+    (``benchmarks/bnn_step_cost.py``). An in-place update slice loops over its leaf only.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.numpyro.potential import ravel_into
+        >>> ravel_into({"a": jnp.array([1.0, 2.0]), "b": jnp.array(3.0)}, jnp.zeros(3)).tolist()
+        [1.0, 2.0, 3.0]
+    """
+    leaves = jax.tree.leaves(tree)
+    if len(leaves) == 1:
+        return jnp.reshape(leaves[0], like.shape).astype(like.dtype)
+    offset = 0
+    for leaf in leaves:
+        like = lax.dynamic_update_slice(like, jnp.ravel(leaf).astype(like.dtype), (offset,))
+        offset += leaf.size
+    return like
+
+
+def value_and_flat_grad(
+    fun: Callable[[Params], jax.Array], flat: jax.Array, unravel: Callable[[jax.Array], Params]
+) -> tuple[jax.Array, jax.Array]:
+    """``fun(unravel(flat))`` and its gradient with respect to ``flat``: differentiated with respect to the
+    leaves and flattened by :func:`ravel_into`, not through ``unravel`` (whose transpose is a concatenate)."""
+    value, grads = jax.value_and_grad(fun)(unravel(flat))
+    return value, ravel_into(grads, flat)
+
+
 class _one_index(Messenger):
     """Runs the model on one datum of a subsampled plate: the plate's indices become ``index[None]``
     (so the plate scales its sites by ``N/1``)."""
@@ -580,16 +616,16 @@ class ModelTarget:
     ) -> StochasticGradient:
         """``Ũ_t``, its gradient and the mean per-datum score ``ḡ`` at ``flat`` on the minibatch ``batch``."""
 
-        def energy(x):
-            prior, data = self._energies(unravel(x), batch, model_args, model_kwargs)
+        def energy(z):
+            prior, data = self._energies(z, batch, model_args, model_kwargs)
             return prior + data
 
-        def prior_energy(x):
-            return self._energies(unravel(x), batch, model_args, model_kwargs)[0]
+        def prior_energy(z):
+            return self._energies(z, batch, model_args, model_kwargs)[0]
 
-        value, grad = jax.value_and_grad(energy)(flat)
+        value, grad = value_and_flat_grad(energy, flat, unravel)
         # ḡ = -∇(data part)/N; XLA drops this prior gradient for rules that do not read the score
-        score = -(grad - jax.grad(prior_energy)(flat)) / self.data_size
+        score = -(grad - value_and_flat_grad(prior_energy, flat, unravel)[1]) / self.data_size
         if not self.per_example_scores:
             return StochasticGradient(value, grad, score)
         return StochasticGradient(value, grad, score, self.per_example(flat, unravel, batch, model_args, model_kwargs))
@@ -622,15 +658,16 @@ class ModelTarget:
             [12.0]
         """
 
-        def energy(x):
-            prior, data = self._energies(unravel(x), None, model_args, model_kwargs)
+        def energy(z):
+            prior, data = self._energies(z, None, model_args, model_kwargs)
             return prior + data
 
-        def prior_energy(x):
-            return self._energies(unravel(x), None, model_args, model_kwargs)[0]
+        def prior_energy(z):
+            return self._energies(z, None, model_args, model_kwargs)[0]
 
-        value, grad = jax.value_and_grad(energy)(flat)
-        return StochasticGradient(value, grad, -(grad - jax.grad(prior_energy)(flat)) / self.data_size)
+        value, grad = value_and_flat_grad(energy, flat, unravel)
+        prior_grad = value_and_flat_grad(prior_energy, flat, unravel)[1]
+        return StochasticGradient(value, grad, -(grad - prior_grad) / self.data_size)
 
     def enable_per_example_scores(self) -> None:
         """Make :meth:`gradient` return per-datum scores, for rules with ``PER_EXAMPLE_SCORES`` (SGFS).
@@ -670,12 +707,15 @@ class ModelTarget:
         and average to ``score``."""
         ((plate, (size, _)),) = self.plate_sizes.items()
 
-        def log_lik(x, index):
-            model = self._with_latents(_one_index(self.model, plate, index), unravel(x))
+        def log_lik(z, index):
+            model = self._with_latents(_one_index(self.model, plate, index), z)
             log_probs, _ = compute_log_probs(model, model_args, model_kwargs, {})
             return sum((v for k, v in log_probs.items() if k in self.data_sites), start=0.0) / size
 
-        return jax.vmap(jax.grad(log_lik), in_axes=(None, 0))(flat, batch[plate])
+        def score(index):
+            return value_and_flat_grad(partial(log_lik, index=index), flat, unravel)[1]
+
+        return jax.vmap(score)(batch[plate])
 
     def postprocess_fn(
         self, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any]
@@ -735,11 +775,10 @@ class PotentialTarget:
     ) -> StochasticGradient:
         """The energy and its gradient at ``flat``; the score is the negated gradient (``N = 1``)."""
 
-        def energy(x):
-            z = unravel(x)
+        def energy(z):
             return self.potential_fn(z, batch) if self.stochastic else self.potential_fn(z)
 
-        value, grad = jax.value_and_grad(energy)(flat)
+        value, grad = value_and_flat_grad(energy, flat, unravel)
         return StochasticGradient(value, grad, -grad)
 
     def postprocess_fn(
