@@ -22,7 +22,14 @@ from ppl_sgmcmc import _checks, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.numpyro import gibbs, sharding, warmup
 from ppl_sgmcmc.numpyro.handlers import full_data
-from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, model_errors, ravel_into, split_arrays
+from ppl_sgmcmc.numpyro.potential import (
+    ModelTarget,
+    PotentialTarget,
+    as_jax_arrays,
+    model_errors,
+    ravel_into,
+    split_arrays,
+)
 from ppl_sgmcmc.rules import has_momentum, refresh_momentum
 
 
