@@ -644,6 +644,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             batch, batch_state = self._target.draw(key_draw, state.batch_state)
         else:  # the rows of the next steps, read ahead at the indices those steps draw
             batch, batch_state = self._target.draw_block(state.rng_key, state.batch_state, _draw_keys)
+        # any d-vector of the state serves as the buffer (every entry is overwritten): no concatenate per step
         flat = ravel_into(state.z, state.finite_position)
         gradient_state = state.gradient_state
         if self._epoch_steps is not None:  # a new centre every epoch (SVRG), all chains at once
