@@ -142,7 +142,7 @@ def _plot_fig4(out: dict) -> None:
 #: The step sizes (optimisers: learning rates) each method of the Santa table tries; the one with the lowest
 #: validation error is reported (Santa's ``h`` is the square root of the paper's learning rate ``η``).
 SANTA_GRID = {
-    "Santa": (1e-5, 1e-6, 1e-7),
+    "Santa": (1e-4, 3e-5, 1e-5),
     "SGLD": (1e-5, 3e-6, 1e-6),
     "mSGNHT-S": (1e-4, 3e-5, 1e-5),
     "Adam": (1e-3, 3e-4, 1e-4),

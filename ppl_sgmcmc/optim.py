@@ -52,7 +52,7 @@ def santa(
     inverse_temperature: float | Callable[[Any], Any] | None = None,
     decay: float = 0.999,
     eps: float = 1e-8,
-    initial_thermostat: float = 1.0,
+    initial_thermostat: float = 5.0,
     data_size: int = 1,
     curvature_term: bool = False,
     seed: int = 0,
@@ -68,7 +68,7 @@ def santa(
         :func:`ppl_sgmcmc.rules.santa.annealing` ``()``.
     :param decay: the RMSprop decay ``σ`` (default 0.999).
     :param eps: the regulariser ``λ`` (default 1e-8).
-    :param initial_thermostat: ``C``, the thermostat's start (default 1).
+    :param initial_thermostat: ``C``: the thermostat starts at ``ξ_0 = C sqrt(N)`` (default 5).
     :param data_size: ``N``: the gradients in the RMSprop average are divided by it, so that with a loss
         summed over ``N`` data (scaled up from a minibatch) they are per datum, as in the paper (default 1).
     :param curvature_term: add the paper's finite-difference drift of the preconditioner (see
@@ -77,7 +77,7 @@ def santa(
     :return: the ``optax.GradientTransformation``.
 
     **Example** (the double-well ``U(x) = (x+4)(x+1)(x-1)(x-3)/14 + 0.5`` from its local mode near 2.2: RMSprop
-    stays there, Santa finds the global mode near -2.9, with 18 of the seeds 0-19)::
+    stays there, Santa finds the global mode near -2.9; over seeds: the Santa page of the docs)::
 
         >>> import jax, jax.numpy as jnp, optax
         >>> from ppl_sgmcmc.optim import santa
@@ -108,7 +108,7 @@ def santa(
         flat, _ = ravel_pytree(params)
         key, key_init = jax.random.split(jax.random.PRNGKey(seed))
         noise = jax.random.normal(key_init, flat.shape, flat.dtype)
-        rule_state = santa_rule.init(flat, noise, initial_thermostat, at(beta, 0))
+        rule_state = santa_rule.init(flat, noise, initial_thermostat, at(beta, 0), data_size)
         return SantaOptState(jnp.zeros((), jnp.int32), rule_state, key)
 
     def update(updates: Any, state: SantaOptState, params: Any = None) -> tuple[Any, SantaOptState]:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 import pyro
 import torch
 
-__all__ = ["CompiledFunction", "close", "compile_graph", "trace"]
+__all__ = ["CompiledFunction", "close", "compile_graph", "compile_tensors", "trace"]
 
 
 class CompiledFunction:
@@ -170,13 +170,8 @@ def trace(
     >>> print(caught[0].message)  # doctest: +ELLIPSIS
     example: could not trace the potential into a compiled graph (...); running the model eagerly ...
     """
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     try:
-        with pyro.validation_enabled(False), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            graph = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
-            compiled = compile_graph(graph, inputs, compile=optimize)
+        compiled = _trace_and_compile(fn, inputs, optimize)
         agrees = check(compiled)
     except Exception as err:  # noqa: BLE001 - any failure to trace or compile means: run eagerly
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
@@ -193,6 +188,43 @@ def trace(
         stacklevel=6,
     )
     return None
+
+
+def _trace_and_compile(
+    fn: Callable[..., tuple[torch.Tensor, ...]], inputs: Sequence[torch.Tensor], optimize: bool = True
+) -> CompiledFunction:
+    """``fn`` traced by ``make_fx`` on fake tensors and compiled (:func:`compile_graph`); raises on failure."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with pyro.validation_enabled(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
+        return compile_graph(graph, inputs, compile=optimize)
+
+
+def compile_tensors(
+    fn: Callable[..., tuple[torch.Tensor, ...]], inputs: Sequence[torch.Tensor]
+) -> CompiledFunction | None:
+    """A kernel's own per-step tensor arithmetic (``fn``: tensors in, a tuple of tensors out, no Python
+    control flow on values) as one compiled graph for inputs shaped like ``inputs``, or ``None`` if it cannot
+    be compiled (no C++ compiler, say: the caller then runs ``fn`` eagerly). Eager torch runs each
+    elementwise operation as its own pass over memory; Inductor fuses them into one loop.
+
+    >>> from ppl_sgmcmc import noise
+    >>> def update(previous, variance, count, gradient):
+    ...     state, term = noise.update(noise.NoiseState(previous, variance, count), gradient, 1.0, True)
+    ...     return (*state, term)
+    >>> zeros = torch.zeros(3)  # one tensor for two arguments, as noise.init gives
+    >>> compiled = compile_tensors(update, (zeros, zeros, torch.tensor(0, dtype=torch.int32), torch.ones(3)))
+    >>> [t.tolist() for t in compiled(torch.ones(3), zeros, torch.tensor(1, dtype=torch.int32), torch.full((3,), 3.0))]
+    [[3.0, 3.0, 3.0], [1.0, 1.0, 1.0], 2, [2.0, 2.0, 2.0]]
+    """
+    # distinct copies: make_fx gives one input to every argument that is the same tensor object
+    examples = tuple(t.clone() for t in inputs)
+    try:
+        return _trace_and_compile(fn, examples)
+    except Exception:  # noqa: BLE001 - any failure to trace or compile means: run eagerly
+        return None
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -19,6 +19,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ppl_sgmcmc import _checks, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
+from ppl_sgmcmc.pyro import compile as compile_
 from ppl_sgmcmc.pyro import warmup
 from ppl_sgmcmc.pyro.gibbs import GibbsTarget
 from ppl_sgmcmc.pyro.handlers import FullDataModel, as_tensors
@@ -483,6 +484,31 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         )
         return diverging
 
+    def _measure_noise(self, noise_state, gradient, rule_state, accepted, i):
+        """:meth:`Algorithm._measure_noise <ppl_sgmcmc.algorithms.Algorithm._measure_noise>`; for an accepted
+        step with ``compile_potential``, through one compiled graph (:func:`~ppl_sgmcmc.pyro.compile.compile_tensors`):
+        eager torch makes about ten passes over the gradient for it, a cost of the order of the whole step for
+        a large network."""
+        grad = gradient.grad
+        scale = torch.as_tensor(self.noise_scale(rule_state, i), dtype=grad.dtype, device=grad.device)
+        update = self._noise_update(noise_state, grad, scale) if self._compile and accepted is True else None
+        if update is None:
+            return super()._measure_noise(noise_state, gradient, rule_state, accepted, i)
+        *new_state, term = update(*noise_state, grad, scale)
+        return noise.NoiseState(*new_state), term, noise_state.count >= 0
+
+    def _noise_update(self, noise_state, grad, scale):
+        """The compiled :func:`ppl_sgmcmc.noise.update` of an accepted step for these shapes, or ``None``."""
+        key = (tuple(grad.shape), grad.dtype, grad.device, tuple(scale.shape))
+        if key not in self._noise_graphs:
+
+            def update(previous, variance, count, gradient, scale):
+                state, term = noise.update(noise.NoiseState(previous, variance, count), gradient, scale, True)
+                return (*state, term)
+
+            self._noise_graphs[key] = compile_.compile_tensors(update, (*noise_state, grad, scale))
+        return self._noise_graphs[key]
+
     def _start(self, params):
         params = self._initial_params if params is None else params
         flat = self._target.layout.ravel({name: params[name] for name in self._target.layout.names})
@@ -629,6 +655,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._state = None
         self._flat = None
         self._logging = None
+        self._noise_graphs = {}
         self._initial_deterministic = {}
         self._warmup_steps = 0
         self._draws = 0
@@ -652,6 +679,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         state = self.__dict__.copy()
         for key in ("_target", "_generator", "_state", "_flat", "_logging"):
             state[key] = None
+        state["_noise_graphs"] = {}
         return state
 
     # --- continuing a chain ------------------------------------------------------------------

@@ -18,8 +18,8 @@ explores (step ``t < num_exploration``), ``T_t = 0`` once it refines, one step::
     θ ← θ + h g⊙p
 
 This is Algorithm 1 in the sampler's variables: the paper's learning rate is ``η = h²``, its momentum
-``u = h p`` and its thermostat ``α = h ξ`` (``α_0 = sqrt(η) C`` is ``ξ_0 = C``). Three differences from the
-listing as printed:
+``u = h p`` and its thermostat ``α = h ξ`` (its ``α_0 = sqrt(η) C``, for the per-datum gradient of the authors'
+implementations, is ``ξ_0 = C sqrt(N)``: see :func:`init`). Three differences from the listing as printed:
 
 - The noise is ``sqrt(2 h T g')`` in ``p``, i.e. ``sqrt(2 η^{3/2} g'/β)`` in ``u``: the discretisation of the
   paper's SDE (with ``G₂ = g``, and its drift term ``G₁(Ξ - G₂)∇G₂`` dropped, as the paper's algorithm does), and what
@@ -111,13 +111,20 @@ def preconditioner(square_avg, eps):
     return 1 / xp.sqrt(eps + xp.sqrt(square_avg))
 
 
-def init(position, noise, initial_thermostat=1.0, inverse_temperature=1.0):
-    """Momentum ``p ~ N(0, T_0 I)`` (``p = sqrt(T_0) ζ``, ``T_0 = 1/β_0``), thermostat ``ξ = C``, ``V = 0``.
+def init(position, noise, initial_thermostat=5.0, inverse_temperature=1.0, data_size=1):
+    """Momentum ``p ~ N(0, T_0 I)`` (``p = sqrt(T_0) ζ``, ``T_0 = 1/β_0``), thermostat ``ξ_0 = C sqrt(N)``,
+    ``V = 0``.
+
+    ``C`` is the paper's constant in ``α_0 = sqrt(η) C``, for the learning rate ``η_1`` of the per-datum
+    gradient ``f/N`` that the authors' implementations differentiate: ``η_1 = N h²`` and ``α = h ξ``, so
+    ``ξ_0 = C sqrt(N)``. The start is then the same for every ``N`` (the exploration's first steps do not
+    depend on how the loss is scaled), and ``ξ_0 = C`` for a ``potential_fn`` (``N = 1``).
 
     :param position: the chain's start ``θ_0``; the state takes its shape and dtype.
     :param noise: ``ζ``, a standard normal draw of the shape of ``position``.
-    :param initial_thermostat: ``C``, the thermostat's start (default 1).
+    :param initial_thermostat: ``C`` (default 5).
     :param inverse_temperature: ``β_0`` (default 1).
+    :param data_size: ``N`` (default 1).
     :return: :class:`SantaState`.
 
     **Example**::
@@ -127,9 +134,11 @@ def init(position, noise, initial_thermostat=1.0, inverse_temperature=1.0):
         >>> state = santa.init(jnp.zeros(2), jnp.array([1.0, -2.0]), initial_thermostat=3.0, inverse_temperature=4.0)
         >>> state.momentum.tolist(), state.thermostat.tolist(), state.square_avg.tolist()
         ([0.5, -1.0], [3.0, 3.0], [0.0, 0.0])
+        >>> santa.init(jnp.zeros(2), jnp.zeros(2), initial_thermostat=3.0, data_size=100).thermostat.tolist()
+        [30.0, 30.0]
     """
     xp = array_namespace(position)
-    thermostat = xp.full(position.shape, initial_thermostat, dtype=position.dtype)
+    thermostat = xp.full(position.shape, initial_thermostat * data_size**0.5, dtype=position.dtype)
     return SantaState((1 / inverse_temperature) ** 0.5 * noise, thermostat, rms.init(position))
 
 
@@ -167,8 +176,8 @@ def step(
         ...     for t in range(2):
         ...         x, state, _ = santa.step(x, state, grad_fn, noise, 0.1, num_exploration=1, step_index=t)
         ...     print([round(v, 4) for v in x.tolist()], [round(v, 4) for v in state.thermostat.tolist()])
-        [1.0994, -2.0572] [0.9583, 0.95]
-        [1.0994, -2.0572] [0.9583, 0.95]
+        [1.0465, -2.0219] [4.9392, 4.934]
+        [1.0465, -2.0219] [4.9392, 4.934]
     """
     xp = array_namespace(position)
     momentum, thermostat, square_avg = state

@@ -94,12 +94,13 @@ def test_optax_santa_is_the_rule():
     """:func:`ppl_sgmcmc.optim.santa` steps the rule with the gradient it is handed and the noise of its key: the
     same trajectory as the rule called directly, on a pytree of parameters (its doctest runs the double-well)."""
     beta = annealing(scale=10.0)
-    optimiser = santa(0.05, num_exploration=15, inverse_temperature=beta, decay=0.9, data_size=4, seed=3)
+    optimiser = santa(0.05, num_exploration=15, inverse_temperature=beta, decay=0.9, initial_thermostat=1.5, data_size=4,
+                      seed=3)  # fmt: skip
     params = {"a": jnp.array([0.5, -1.0]), "b": jnp.array(2.0)}
     state = optimiser.init(params)
     flat = jnp.array([0.5, -1.0, 2.0])
     key, key_init = jax.random.split(jax.random.PRNGKey(3))
-    rule_state = santa_rule.init(flat, jax.random.normal(key_init, (3,)), 1.0, beta(0))
+    rule_state = santa_rule.init(flat, jax.random.normal(key_init, (3,)), 1.5, beta(0), data_size=4)  # ξ_0 = 3
     for t in range(25):
         grad = jax.grad(lambda p: jnp.sum(double_well(p["a"])) + double_well(p["b"]))(params)
         updates, state = optimiser.update(grad, state, params)
@@ -159,14 +160,15 @@ def predicted_santa(h, eps=1e-8):
 
 
 def test_beta_one_samples_the_posterior():
-    """β = 1, ``num_exploration=math.inf``. The thermostat starts near its equilibrium (``C = 18``, the predicted
-    ``ξ`` rounded): started at 1 it climbs at rate ``h`` and needs more steps than the warm-up to get there."""
+    """β = 1, ``num_exploration=math.inf``. The thermostat starts near its equilibrium (``ξ_0 = C sqrt(N) = 18``,
+    the predicted ``ξ`` rounded): started elsewhere it moves at rate ``h`` and needs more steps than the warm-up to
+    get there."""
     g, xi, predicted_cov = predicted_santa(SAMPLER_STEP)
     assert np.all(np.abs(xi - 18) < 1), xi
     scale = np.sqrt(np.outer(np.diag(POST_COV), np.diag(POST_COV)))
     assert_small_bias("santa", predicted_cov - POST_COV, scale, 0.05)
     kernel = Santa(regression, step_size=SAMPLER_STEP, inverse_temperature=1.0, num_exploration=math.inf,
-                   initial_thermostat=18.0, steps_per_sample=10)  # fmt: skip
+                   initial_thermostat=18.0 / np.sqrt(NUM_DATA), steps_per_sample=10)  # fmt: skip
     mcmc = MCMC(kernel, num_warmup=200, num_samples=1000, num_chains=4, chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(1), X, Y)
     draws = np.asarray(mcmc.get_samples(group_by_chain=True)["w"])

@@ -441,3 +441,34 @@ def test_compiled_graph_disagreeing_with_the_model_is_not_used(data, monkeypatch
     energy, grad, _ = _hand_gradient("plain", flat, batch["data"], *data[:2])
     _assert_close(got.energy, energy, "energy")
     _assert_close(got.grad, grad, "gradient")
+
+
+@pytest.mark.parametrize("kind", [SGLD, SGFS])
+def test_compiled_noise_estimate_equals_eager(kind, data, monkeypatch):
+    """The kernels measure the gradient noise of an accepted step through a compiled graph
+    (:func:`~ppl_sgmcmc.pyro.compile.compile_tensors`): the same estimate, step for step, as the eager
+    :func:`ppl_sgmcmc.noise.update` (SGLD's scale is a number; SGFS's is NaN: its noise is not measured).
+    The first state's ``previous`` and ``variance`` are one tensor, which the trace must keep apart."""
+
+    def run(compiled):
+        if not compiled:
+            monkeypatch.setattr(kind, "_noise_update", lambda self, *args: None)
+        kernel = kind(plain, step_size=1e-4)
+        pyro.set_rng_seed(0)
+        kernel.setup(0, *data)
+        kernel.sample(kernel.initial_params)
+        states = []
+        for _ in range(6):
+            kernel._step()
+            states.append(kernel.state.noise)
+        monkeypatch.undo()
+        return kernel, states
+
+    kernel, compiled = run(True)
+    assert all(isinstance(graph, compile_.CompiledFunction) for graph in kernel._noise_graphs.values())
+    assert kernel._noise_graphs
+    _, eager = run(False)
+    assert int(compiled[-1].count) == 6  # the first draw's step and six more: six differences
+    for a, b in zip(compiled, eager):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=0.0, equal_nan=True)  # SGFS: not measured (NaN)

@@ -18,7 +18,7 @@ CASES = {
     # multi-step draw once, so the injected noise sequence could not reach every step)
     "warmup-explores": (dict(step_size=0.1, inverse_temperature=annealing(scale=4.0)), 10),
     "explicit-switch": (dict(step_size=0.05, num_exploration=17, decay=0.9, eps=1e-3, initial_thermostat=2.0), 0),
-    "curvature-term": (dict(step_size=0.1, num_exploration=20, curvature_term=True), 0),
+    "curvature-term": (dict(step_size=0.1, num_exploration=20, initial_thermostat=1.0, curvature_term=True), 0),
     "beta-1-sampler": (dict(step_size=0.1, inverse_temperature=1.0, num_exploration=math.inf), 0),
 }
 
