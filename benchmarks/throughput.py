@@ -571,7 +571,7 @@ def pyro_gradient_costs(X, y, repeats):
     """Microseconds per minibatch gradient ``(Ũ_t, ∇Ũ_t)`` at a fixed point, four ways: by hand; Pyro's
     usual path (``poutine.trace`` of the model conditioned on the latent and the plate's indices,
     ``log_prob_sum``, autograd); the kernel's eager path (one light handler, autograd); and the
-    kernel's traced graph, run as traced and compiled by ``torch.compile`` (the default,
+    kernel's traced graph, run as traced and compiled by TorchInductor (the default,
     :func:`ppl_sgmcmc.pyro.compile.trace`). Also the number of tensor operations of the traced graph."""
     import pyro
     import torch
@@ -610,7 +610,7 @@ def pyro_gradient_costs(X, y, repeats):
         "Pyro trace + log_prob_sum, autograd": pyro_trace,
         "kernel, eager (one handler), autograd": lambda: target._eager_gradient(flat, batch, False),
         "kernel, traced graph": lambda: raw(*inputs),
-        "kernel, traced graph, torch.compile (default)": lambda: compiled(*inputs),
+        "kernel, traced graph, compiled by Inductor (default)": lambda: compiled(*inputs),
     }
     calls = 500
     best = {}

@@ -1,33 +1,33 @@
-"""Trace a potential's value and gradient once into a graph of tensor operations, compiled by ``torch.compile``.
+"""Trace a potential's value and gradient once into a graph of tensor operations, compiled by TorchInductor.
 
 Running a Pyro model costs far more Python than its arithmetic: distribution objects, the handler
 stack, broadcasting checks, and an autograd graph built and walked every step. On a small logistic
 regression that overhead is about half of a step. :func:`trace` records, once, the ATen operations
 that one evaluation of ``(Ũ_t, ∇Ũ_t)`` performs, forward and backward, as a
 :class:`torch.fx.GraphModule` (``torch.fx.experimental.proxy_tensor.make_fx`` on fake tensors), and
-compiles that graph with ``torch.compile`` (TorchDynamo and TorchInductor: Ansel et al., "PyTorch 2:
+compiles that graph with TorchInductor (the compiler of ``torch.compile``: Ansel et al., "PyTorch 2:
 Faster Machine Learning Through Dynamic Python Bytecode Transformation and Graph Compilation",
 ASPLOS 2024). Inductor folds the operations on constants (the prior's parameters, the ``ones_like``
 seeds of the backward pass), drops no-ops, functionalises the in-place writes of a batched backward
 (``is_grads_batched`` fills ``zeros`` buffers through ``copy_`` into views) and fuses what is left
 into C++ loops. Later steps call the compiled graph on new parameters, minibatch indices and data.
 
-Measured in ``benchmarks/pyro_compile.py`` (``benchmarks/RESULTS.md``, "Pyro: compiling the potential"):
-per call of the potential and its gradient, the compiled graph is 1.3x (logistic regression on a9a),
-4.3x (a 6-parameter regression) and 2.6x (LDA) faster than the hand-written FX simplifier (constant
-folding, no-op removal) that this module held before, and 6-14x faster than the eager model.
-``torch.compile`` of the model's Python itself is 6-10x slower than that simplifier (TorchDynamo breaks
-the graph at ``torch.autograd.grad`` and in Pyro's handlers), hence the ``make_fx`` trace first. Mode
-``"default"``: ``"reduce-overhead"`` was within noise of it on CPU, and on a GPU its CUDA graphs would
-overwrite a call's outputs with the next call's, which the kernels keep. The
-price is compile time: a few seconds for the first graph in a process and for a graph Inductor has
-not compiled on this machine before (its C++ is cached on disk), tenths of a second for the next
-graphs. A kernel whose graph is identical to one compiled before in the process (the same model and
-data shapes, another step size or kernel) reuses that compiled module.
+How much each stage gains is measured in ``benchmarks/pyro_compile.py`` and ``benchmarks/throughput.py``
+(``benchmarks/RESULTS.md``). ``torch.compile`` of the model's Python itself breaks the graph at
+``torch.autograd.grad`` and in Pyro's handlers, hence the ``make_fx`` trace first. The traced graph is
+compiled by TorchInductor alone (``torch._inductor.compile``, :class:`InductorGraph`), not through
+``torch.compile``'s TorchDynamo frame: Dynamo's guards and wrappers cost more per call than the whole
+compiled gradient of a small model. The inputs' dtypes, shapes, strides and devices are checked in Python
+instead, and a call with others runs the graph through ``torch.compile``, which specialises it again. No
+CUDA graphs (``"reduce-overhead"``): they would overwrite a call's outputs with the next call's, which the
+kernels keep. The price is compile time: a few seconds for the first graph in a process and for a graph
+Inductor has not compiled on this machine before (its C++ is cached on disk), tenths of a second for the
+next graphs. A kernel whose graph is identical to one compiled before in the process (the same model and
+data shapes, another step size or kernel) reuses that compiled graph.
 
 The trace uses fake tensors (shapes only), so a model whose Python control flow depends on the
 *values* of latents, data or indices cannot be traced: it raises, and the kernel falls back to
-running the model eagerly, with a warning. So it does when ``torch.compile`` fails (no C++ compiler,
+running the model eagerly, with a warning. So it does when the compiler fails (no C++ compiler,
 say) or when the compiled graph disagrees with the eager model at either of the two points it is
 checked at before use. Shapes are fixed by the trace; model arguments that are tensors are inputs
 of the graph, other arguments are baked in.
@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 import pyro
 import torch
 
-__all__ = ["CompiledFunction", "close", "compile_graph", "compile_tensors", "trace"]
+__all__ = ["CompiledFunction", "InductorGraph", "close", "compile_graph", "compile_tensors", "trace"]
 
 
 class CompiledFunction:
@@ -85,7 +85,7 @@ def _shared_outputs(graph: Callable[..., Sequence[torch.Tensor]], inputs: Sequen
 _MEMO_CODES = 64  # generated codes remembered, and for each code ...
 _MEMO_VARIANTS = 8  # ... graphs with other constants
 _MEMO_MAX_NUMEL = 2**20  # graphs holding more constant elements (a closed-over data set) are not remembered
-_memo: OrderedDict[tuple, list[tuple[list[torch.Tensor], Callable[..., Sequence[torch.Tensor]]]]] = OrderedDict()
+_memo: OrderedDict[tuple, list[tuple[list[torch.Tensor], InductorGraph]]] = OrderedDict()
 
 
 def _constants(graph: torch.fx.GraphModule) -> list[torch.Tensor] | None:
@@ -102,22 +102,46 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     )
 
 
-def _torch_compile(
-    graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]
-) -> Callable[..., Sequence[torch.Tensor]]:
-    """``torch.compile(graph, dynamic=False, fullgraph=True)``, or the module it returned for an identical
-    graph before in this process (same generated code, equal constants, inputs of the same shapes and
-    dtypes). TorchDynamo keys its cache on the code object, which every new ``GraphModule`` has its own
-    of, so each kernel of the same model would otherwise trace and lower its graph again (Inductor's
-    cache spares only the C++ compilation): about 0.3-1 s per kernel."""
+def _signature(inputs: Sequence[torch.Tensor]) -> tuple:
+    return tuple((t.dtype, t.shape, t.stride(), t.device) for t in inputs)
+
+
+class InductorGraph:
+    """A traced graph compiled by TorchInductor for inputs like the example ``inputs``
+    (``torch._inductor.compile``: no TorchDynamo frame, hence no guards). Called with inputs of other dtypes,
+    shapes, strides or devices, it runs the graph through ``torch.compile(graph, dynamic=False,
+    fullgraph=True)`` instead, whose guards specialise it to them.
+
+    :ivar graph: the ``torch.fx.GraphModule`` compiled.
+    """
+
+    def __init__(self, graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> None:
+        self.graph = graph
+        self._signature = _signature(inputs)
+        self._run = torch._inductor.compile(graph, list(inputs))
+        self._other: Callable[..., Sequence[torch.Tensor]] | None = None
+
+    def __call__(self, *inputs: torch.Tensor) -> Sequence[torch.Tensor]:
+        if _signature(inputs) == self._signature:
+            return self._run(*inputs)
+        if self._other is None:
+            self._other = torch.compile(self.graph, dynamic=False, fullgraph=True)
+        return self._other(*inputs)
+
+
+def _inductor(graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> InductorGraph:
+    """:class:`InductorGraph` ``(graph, inputs)``, or the one compiled before in this process for an identical
+    graph (same generated code, equal constants, inputs of the same shapes and dtypes): each new
+    ``GraphModule`` would otherwise be lowered again (Inductor's cache spares only the C++ compilation),
+    about 0.3-1 s per kernel."""
     constants = _constants(graph)
-    key = (graph.code, tuple((t.dtype, tuple(t.shape), t.device) for t in inputs))
+    key = (graph.code, _signature(inputs))
     if constants is not None:
         for held, compiled in _memo.get(key, ()):
             if _same(held, constants):
                 _memo.move_to_end(key)
                 return compiled
-    compiled = torch.compile(graph, dynamic=False, fullgraph=True)
+    compiled = InductorGraph(graph, inputs)
     if constants is not None:
         variants = _memo.setdefault(key, [])
         variants.append((constants, compiled))
@@ -131,10 +155,10 @@ def _torch_compile(
 def compile_graph(
     graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], compile: bool = True
 ) -> CompiledFunction:
-    """``graph`` (a ``make_fx`` trace) compiled by ``torch.compile(graph, dynamic=False, fullgraph=True)``
-    (``compile=False``: run as traced) and called twice on the example ``inputs``, which compiles it and
-    finds the outputs to return as copies. Raises what ``torch.compile`` raises."""
-    run = _torch_compile(graph, inputs) if compile else graph
+    """``graph`` (a ``make_fx`` trace) compiled by Inductor (:class:`InductorGraph`; ``compile=False``: run
+    as traced) and called twice on the example ``inputs``, which finds the outputs to return as copies.
+    Raises what the compiler raises."""
+    run = _inductor(graph, inputs) if compile else graph
     return CompiledFunction(run, _shared_outputs(run, inputs))
 
 
@@ -147,7 +171,7 @@ def trace(
 ) -> CompiledFunction | None:
     """``fn(*inputs)`` (tensors in, a tuple of tensors out) traced and compiled as a
     :class:`CompiledFunction`, or ``None`` (with a ``RuntimeWarning``) if it cannot be traced or
-    compiled, or ``check(compiled)`` is false. ``optimize=False`` skips ``torch.compile``: the traced
+    compiled, or ``check(compiled)`` is false. ``optimize=False`` skips the compiler: the traced
     graph runs as it is (for comparison).
 
     >>> import warnings

@@ -62,10 +62,10 @@ class SGMCMCState(NamedTuple):
     - **adapt_state**: the warm-up's adaptation (:class:`ppl_sgmcmc.adaptation.AdaptState`: the
       ``preconditioner`` and the tuned ``step_size``, frozen after the warm-up), or ``()`` when nothing adapts.
     - **noise**: the running estimate of the gradient noise (:class:`ppl_sgmcmc.noise.NoiseState`).
-    - **noise_ratio**: the noise ratio of the last step (:mod:`ppl_sgmcmc.noise`), a float.
-    - **noise_variance** (a property, not a field): the trace of the running noise estimate,
+    - **noise_ratio**: the noise ratio of the draw's last step (:mod:`ppl_sgmcmc.noise`), a float.
+    - **noise_variance**: the trace of the running noise estimate after the draw's last step,
       ``Σ_k c_k V_kk`` (:func:`ppl_sgmcmc.noise.trace`), which a variance-reduced gradient lowers whatever the
-      step size; recorded with every draw.
+      step size; recorded with every draw, a float.
 
     **Example** (the state after the first step)::
 
@@ -92,11 +92,7 @@ class SGMCMCState(NamedTuple):
     adapt_state: Any
     noise: noise.NoiseState
     noise_ratio: float
-
-    @property
-    def noise_variance(self):
-        """The trace of the running gradient-noise estimate (:func:`ppl_sgmcmc.noise.trace`)."""
-        return noise.trace(self.noise)
+    noise_variance: float
 
 
 class SGMCMCKernel(Algorithm, MCMCKernel):
@@ -408,7 +404,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             diverging |= self._step()
         draw, self._draws = self._draws, self._draws + 1
         z = self._target.layout.unravel(self._flat)
-        self._state = self._state._replace(z=z, diverging=diverging)
+        ratio, variance = self._noise_summary(self._state)
+        self._state = self._state._replace(z=z, diverging=diverging, noise_ratio=ratio, noise_variance=variance)
         if health.passed_power_of_two(self._state.i - self._steps_per_sample, self._state.i):  # log2 times a run
             self._report_health()
         if draw >= self._warmup_steps:
@@ -480,7 +477,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             gradient_state,
             adapt_state,
             noise_state,
-            float(noise.ratio(noise_state, step_size, self.temperature_at(state.i))),
+            state.noise_ratio,  # these two are brought up to date once per draw, by `sample`
+            state.noise_variance,
         )
         return diverging
 
@@ -496,6 +494,23 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             return super()._measure_noise(noise_state, gradient, rule_state, accepted, i)
         *new_state, term = update(*noise_state, grad, scale)
         return noise.NoiseState(*new_state), term, noise_state.count >= 0
+
+    def _noise_summary(self, state):
+        """``(noise ratio, noise variance)`` after the last step, floats (:func:`ppl_sgmcmc.noise.ratio` at its
+        step size and temperature, :func:`ppl_sgmcmc.noise.trace`); with ``compile_potential``, one compiled
+        graph for both."""
+        inputs = (state.noise.variance, state.noise.count, torch.as_tensor(state.step_size, dtype=state.noise.variance.dtype),
+                  torch.as_tensor(self.temperature_at(state.i - 1), dtype=state.noise.variance.dtype))  # fmt: skip
+
+        def summary(variance, count, step_size, temperature):
+            estimate = noise.NoiseState(variance, variance, count)
+            return noise.ratio(estimate, step_size, temperature), noise.trace(estimate)
+
+        key = ("summary", *((tuple(t.shape), t.dtype, t.device) for t in inputs))
+        if self._compile and key not in self._noise_graphs:
+            self._noise_graphs[key] = compile_.compile_tensors(summary, inputs)
+        compiled = self._noise_graphs.get(key)
+        return tuple(float(value) for value in (summary if compiled is None else compiled)(*inputs))
 
     def _noise_update(self, noise_state, grad, scale):
         """The compiled :func:`ppl_sgmcmc.noise.update` of an accepted step for these shapes, or ``None``."""
@@ -554,6 +569,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             adapt_state=adapt_state,
             noise=noise.init(flat),
             noise_ratio=float("nan"),
+            noise_variance=float("nan"),
         )
 
     def _report_health(self):

@@ -9,7 +9,7 @@ Two kinds of target share one interface, used by :class:`~ppl_sgmcmc.pyro.kernel
   unconstrained ones) and sums the scaled log-densities, so the model's own ``N/n`` plate scale makes
   ``Ũ_t(θ) = -log p(θ) - (N/n) Σ_{i∈S_t} log p(x_i | θ)``, in unconstrained space with the
   log-Jacobian of the transforms. By default that evaluation and its gradient are traced once into a
-  graph of tensor operations and compiled by ``torch.compile`` (:mod:`~ppl_sgmcmc.pyro.compile`);
+  graph of tensor operations and compiled by TorchInductor (:mod:`~ppl_sgmcmc.pyro.compile`);
   later steps call the compiled graph without running the model's Python code.
 * :class:`PotentialTarget`: a user-written energy ``potential_fn(z)``, or ``potential_fn(z, generator)``
   returning a stochastic estimate ``Ũ_t(z)`` whose gradient is the stochastic gradient.

@@ -17,7 +17,6 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
-from torch._dynamo.eval_frame import OptimizedModule
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ppl_sgmcmc.pyro import SGFS, SGLD
@@ -132,7 +131,7 @@ def test_compiled_graph_matches_traced_and_eager(name, key, data, fresh_memo):
     simplified = compile_.trace(fn, inputs, always, "test", optimize=True)
     assert raw is not None and simplified is not None
     assert isinstance(raw.graph, torch.fx.GraphModule)
-    assert isinstance(simplified.graph, OptimizedModule)  # torch.compile did something:
+    assert isinstance(simplified.graph, compile_.InductorGraph)  # Inductor compiled it:
     assert _inductor_runs() == before + 1  # one graph, whole (fullgraph=True), through Inductor
     for flat, batch in points * 2:  # twice: a call must not change the graph's buffers
         args = (flat, batch["data"], *target._arg_tensors)
@@ -159,7 +158,7 @@ def test_per_example_graph_is_compiled_and_used(name, data):
         result = target.gradient(flat, batch, "per_example")
     compiled = target._compiled[("gradient", "per_example")]
     assert compiled is not None
-    assert isinstance(compiled.graph, OptimizedModule)
+    assert isinstance(compiled.graph, compile_.InductorGraph)
     eager = target._eager_gradient(flat, batch, "per_example")
     _assert_close(result.per_example, eager.per_example, name)
 
@@ -384,7 +383,7 @@ def test_compiled_gradient_equals_eager_and_hand_written(data, fresh_memo):
                 _assert_close(a, b, f"compiled vs eager {what}")
             _assert_close(got.energy, energy, "compiled vs hand-written energy")
             _assert_close(got.grad, grad, "compiled vs hand-written gradient")
-    assert isinstance(target._compiled[("gradient", False)].graph, OptimizedModule)
+    assert isinstance(target._compiled[("gradient", False)].graph, compile_.InductorGraph)
 
 
 def test_identical_graphs_share_one_compiled_module(data, fresh_memo):
@@ -405,16 +404,16 @@ def test_identical_graphs_share_one_compiled_module(data, fresh_memo):
     modules = [target._compiled[key].graph for target in targets]
     assert modules[1] is modules[0]
     assert modules[2] is not modules[0] and modules[3] is not modules[0]
-    assert modules[2]._orig_mod.code == modules[0]._orig_mod.code  # told apart by their constants only
+    assert modules[2].graph.code == modules[0].graph.code  # told apart by their constants only
 
 
 def test_failing_compiler_falls_back_to_eager(data, monkeypatch, fresh_memo):
-    """``torch.compile`` raising (no C++ compiler, an unsupported operation): warn, then run the model eagerly."""
+    """The compiler raising (no C++ compiler, an unsupported operation): warn, then run the model eagerly."""
 
     def broken(*args, **kwargs):
         raise RuntimeError("no C++ compiler found")
 
-    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(torch._inductor, "compile", broken)
     target = _sgld_target(plain, data)
     flat, batch = _two_paths(data)[0]
     with pytest.warns(RuntimeWarning, match=r"could not trace the potential .*RuntimeError: no C\+\+ compiler"):
@@ -429,10 +428,10 @@ def test_compiled_graph_disagreeing_with_the_model_is_not_used(data, monkeypatch
     """A compiled graph whose results differ from the eager model's at the check points is dropped, with a
     warning, and the model runs eagerly."""
 
-    def wrong(graph, **kwargs):
+    def wrong(graph, example_inputs):
         return lambda *inputs: tuple(2.0 * out for out in graph(*inputs))
 
-    monkeypatch.setattr(torch, "compile", wrong)
+    monkeypatch.setattr(torch._inductor, "compile", wrong)
     target = _sgld_target(plain, data)
     flat, batch = _two_paths(data)[1]
     with pytest.warns(RuntimeWarning, match="the compiled graph disagrees with the model"):
@@ -472,3 +471,20 @@ def test_compiled_noise_estimate_equals_eager(kind, data, monkeypatch):
     for a, b in zip(compiled, eager):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, rtol=1e-6, atol=0.0, equal_nan=True)  # SGFS: not measured (NaN)
+
+
+def test_inductor_graph_called_with_other_inputs_specialises_again():
+    """An :class:`~ppl_sgmcmc.pyro.compile.InductorGraph` runs Inductor's code only for inputs like its example
+    (its generated code assumes their sizes and strides); other shapes, strides or dtypes go through
+    ``torch.compile``, with the right results."""
+
+    def fn(x, y):
+        return (x * y + 1.0, (x - y).sum())
+
+    x, y = torch.arange(3.0), torch.full((3,), 2.0)
+    graph = compile_.InductorGraph(_trace(fn, x, y), (x, y))
+    cases = [(x, y), (torch.arange(5.0), torch.ones(5)), (torch.arange(6.0)[::2], y), (x.double(), y.double())]
+    for inputs in cases:
+        for got, expected in zip(graph(*inputs), fn(*inputs)):
+            torch.testing.assert_close(got, expected)
+    assert graph._other is not None  # the example's signature alone did not serve them all
