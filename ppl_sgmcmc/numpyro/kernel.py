@@ -55,7 +55,7 @@ class SGMCMCState(NamedTuple):
     - **adapt_state**: the warm-up's adaptation (:class:`ppl_sgmcmc.adaptation.AdaptState`: the
       ``preconditioner`` and the tuned ``step_size``, frozen after the warm-up), or ``()`` when nothing adapts.
     - **noise**: the running estimate of the gradient noise (:class:`ppl_sgmcmc.noise.NoiseState`).
-    - **noise_ratio**: the noise ratio of this step, ``h max_k c_k V_kk / (2τ)`` (:mod:`ppl_sgmcmc.noise`):
+    - **noise_ratio**: the noise ratio of the draw's last step, ``h max_k c_k V_kk / (2τ)`` (:mod:`ppl_sgmcmc.noise`):
       about the relative variance the gradient noise adds; collected by default (ArviZ ``sample_stats``).
     - **noise_variance** (a property, not a field): the trace of the running noise estimate,
       ``Σ_k c_k V_kk`` (:func:`ppl_sgmcmc.noise.trace`), which a variance-reduced gradient lowers whatever the
@@ -619,16 +619,20 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         )
 
     def _sample_one(self, state, model_args, model_kwargs):
+        """``steps_per_sample`` steps; the draw's noise ratio is that of its last step, computed once."""
         if self._steps_per_sample == 1:
-            return self._step(state, model_args, model_kwargs)
-
-        def body(_, carry):
-            state, diverging = carry
             state = self._step(state, model_args, model_kwargs)
-            return state, diverging | state.diverging
+        else:
 
-        state, diverging = lax.fori_loop(0, self._steps_per_sample, body, (state, jnp.zeros((), bool)))
-        return state._replace(diverging=diverging)
+            def body(_, carry):
+                state, diverging = carry
+                state = self._step(state, model_args, model_kwargs)
+                return state, diverging | state.diverging
+
+            state, diverging = lax.fori_loop(0, self._steps_per_sample, body, (state, jnp.zeros((), bool)))
+            state = state._replace(diverging=diverging)
+        ratio = noise.ratio(state.noise, state.step_size, self.temperature_at(state.i - 1))
+        return state._replace(noise_ratio=ratio)
 
     def _full_gradient_fn(self, model_args, model_kwargs):
         """``x -> StochasticGradient`` of the full-data potential, for an estimator that needs it (else ``None``)."""
@@ -713,7 +717,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             finite_position=finite_position,
             adapt_state=adapt_state,
             noise=noise_state,
-            noise_ratio=noise.ratio(noise_state, step_size, self.temperature_at(state.i)),
+            noise_ratio=state.noise_ratio,  # brought up to date once per draw, by `_sample_one`
             health=state.health,
             rng_key=rng_key,
         )
