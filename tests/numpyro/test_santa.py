@@ -206,6 +206,8 @@ def test_arguments():
     kernel = Santa(regression, step_size=1e-3, num_exploration=5)
     state = kernel.init(jax.random.PRNGKey(0), 10, model_args=(X, Y))
     assert kernel.hyperparameters()["data_size"] == NUM_DATA and kernel.hyperparameters()["num_exploration"] == 5
+    # the thermostat starts at C sqrt(N) (default C = 5): the paper's α_0 = sqrt(η) C for the per-datum gradient
+    np.testing.assert_allclose(state.rule_state.thermostat, 5 * np.sqrt(NUM_DATA), rtol=1e-6)
     assert kernel.temperature_at(3) == pytest.approx(0.5) and kernel.temperature_at(5) == 0.0
     assert math.isnan(float(jax.jit(kernel.sample)(state, (X, Y), {}).noise_ratio))
 

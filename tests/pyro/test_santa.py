@@ -10,6 +10,7 @@ import torch
 from ppl_sgmcmc import numpyro as np_backend
 from ppl_sgmcmc import pyro as pyro_backend
 from ppl_sgmcmc.rules.santa import annealing
+from tests.pyro.models import logistic_model
 from tests.pyro.test_cross_backend import energy_jax, energy_torch
 from tests.pyro.trajectories import assert_same_trajectory
 
@@ -46,3 +47,13 @@ def test_arguments_and_warmup():
     assert kernel.hyperparameters()["num_exploration"] == 0 and kernel.temperature_at(0) == 0.0
     assert sorted(kernel.logging()) == ["T", "div", "h", "Ũ_t", "ξ̄"]
     np.testing.assert_array_equal(kernel.state.noise_ratio, np.nan)
+
+
+def test_thermostat_starts_at_c_sqrt_n(logistic_data):
+    """On a model of ``N`` data the thermostat starts at ``C sqrt(N)`` (the rule's ``init``, as on NumPyro)."""
+    kernel = pyro_backend.Santa(logistic_model, step_size=1e-4, initial_thermostat=2.0, num_exploration=10)
+    kernel.setup(0, *logistic_data)
+    kernel._start(kernel.initial_params)
+    size = kernel.hyperparameters()["data_size"]
+    assert size == logistic_data[0].shape[0] > 1
+    torch.testing.assert_close(kernel.state.rule_state.thermostat, torch.full_like(kernel._flat, 2.0 * size**0.5))
