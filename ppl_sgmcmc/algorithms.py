@@ -1416,8 +1416,7 @@ class Santa(Algorithm):
     :param decay: the RMSprop decay ``σ ∈ (0, 1)`` (default 0.999, as in the authors' implementation).
     :param eps: the regulariser ``λ > 0`` (default 1e-8).
     :param initial_thermostat: ``C >= 0``: the thermostat starts at ``ξ_0 = C sqrt(N)`` (default 5), the paper's
-        ``α_0 = sqrt(η) C`` for the per-datum gradient of the authors' implementations
-        (:func:`ppl_sgmcmc.rules.santa.init`).
+        ``α_0 = sqrt(η) C`` read for the per-datum gradient (:func:`ppl_sgmcmc.rules.santa.init`).
     :param curvature_term: add the paper's estimate ``T_t (1 - g'⊘g) ⊘ p`` of the drift ``T ∇G(θ)`` of the
         θ-dependent preconditioner to the exploration (default ``False``). It divides by the momentum: on the
         double-well it overflowed in 4-12% of the runs (such steps are rejected and the momentum redrawn). The

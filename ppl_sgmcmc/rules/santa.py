@@ -18,8 +18,8 @@ explores (step ``t < num_exploration``), ``T_t = 0`` once it refines, one step::
     θ ← θ + h g⊙p
 
 This is Algorithm 1 in the sampler's variables: the paper's learning rate is ``η = h²``, its momentum
-``u = h p`` and its thermostat ``α = h ξ`` (its ``α_0 = sqrt(η) C``, for the per-datum gradient of the authors'
-implementations, is ``ξ_0 = C sqrt(N)``: see :func:`init`). Three differences from the listing as printed:
+``u = h p`` and its thermostat ``α = h ξ`` (its ``α_0 = sqrt(η) C``, read for the per-datum gradient, is
+``ξ_0 = C sqrt(N)``: see :func:`init`). Three differences from the listing as printed:
 
 - The noise is ``sqrt(2 h T g')`` in ``p``, i.e. ``sqrt(2 η^{3/2} g'/β)`` in ``u``: the discretisation of the
   paper's SDE (with ``G₂ = g``, and its drift term ``G₁(Ξ - G₂)∇G₂`` dropped, as the paper's algorithm does), and what
@@ -115,9 +115,10 @@ def init(position, noise, initial_thermostat=5.0, inverse_temperature=1.0, data_
     """Momentum ``p ~ N(0, T_0 I)`` (``p = sqrt(T_0) ζ``, ``T_0 = 1/β_0``), thermostat ``ξ_0 = C sqrt(N)``,
     ``V = 0``.
 
-    ``C`` is the paper's constant in ``α_0 = sqrt(η) C``, for the learning rate ``η_1`` of the per-datum
-    gradient ``f/N`` that the authors' implementations differentiate: ``η_1 = N h²`` and ``α = h ξ``, so
-    ``ξ_0 = C sqrt(N)``. The start is then the same for every ``N`` (the exploration's first steps do not
+    ``C`` is the paper's constant in ``α_0 = sqrt(η) C``, read for the learning rate ``η_1`` of the per-datum
+    (minibatch-mean) gradient ``f/N``, as deep-learning implementations of Santa differentiate it (a Keras port
+    of the authors' Theano code takes the mean loss and has no ``1/N²`` in ``V``): ``η_1 = N h²`` and
+    ``α = h ξ``, so ``ξ_0 = C sqrt(N)``. The start is then the same for every ``N`` (the exploration's first steps do not
     depend on how the loss is scaled), and ``ξ_0 = C`` for a ``potential_fn`` (``N = 1``).
 
     :param position: the chain's start ``θ_0``; the state takes its shape and dtype.
