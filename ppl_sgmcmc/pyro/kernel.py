@@ -44,6 +44,18 @@ def _check_one_process(kernel: str) -> None:
                 "many devices')."
             )
 
+def _accepted_noise_update(previous, variance, count, gradient, scale):
+    """:func:`ppl_sgmcmc.noise.update` of an accepted step, on the estimate's tensors: ``(*new estimate, term)``."""
+    state, term = noise.update(noise.NoiseState(previous, variance, count), gradient, scale, True)
+    return (*state, term)
+
+
+def _noise_ratio_and_variance(variance, count, step_size, temperature):
+    """:func:`ppl_sgmcmc.noise.ratio` and :func:`ppl_sgmcmc.noise.trace` of the estimate ``(variance, count)``."""
+    estimate = noise.NoiseState(variance, variance, count)
+    return noise.ratio(estimate, step_size, temperature), noise.trace(estimate)
+
+
 class SGMCMCState(NamedTuple):
     """State of an SG-MCMC chain after a step (the kernel's :attr:`~SGMCMCKernel.state`).
 
@@ -484,45 +496,36 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     def _measure_noise(self, noise_state, gradient, rule_state, accepted, i):
         """:meth:`Algorithm._measure_noise <ppl_sgmcmc.algorithms.Algorithm._measure_noise>`; for an accepted
-        step with ``compile_potential``, through one compiled graph (:func:`~ppl_sgmcmc.pyro.compile.compile_tensors`):
-        eager torch makes about ten passes over the gradient for it, a cost of the order of the whole step for
-        a large network."""
+        step with ``compile_potential``, through one compiled graph (:meth:`_compiled`): eager torch makes about
+        ten passes over the gradient for it, a cost of the order of the whole step for a large network."""
         grad = gradient.grad
         scale = torch.as_tensor(self.noise_scale(rule_state, i), dtype=grad.dtype, device=grad.device)
-        update = self._noise_update(noise_state, grad, scale) if self._compile and accepted is True else None
+        inputs = (*noise_state, grad, scale)
+        update = self._compiled("noise update", _accepted_noise_update, inputs) if accepted is True else None
         if update is None:
             return super()._measure_noise(noise_state, gradient, rule_state, accepted, i)
-        *new_state, term = update(*noise_state, grad, scale)
+        *new_state, term = update(*inputs)
         return noise.NoiseState(*new_state), term, noise_state.count >= 0
 
     def _noise_summary(self, state):
-        """``(noise ratio, noise variance)`` after the last step, floats (:func:`ppl_sgmcmc.noise.ratio` at its
-        step size and temperature, :func:`ppl_sgmcmc.noise.trace`); with ``compile_potential``, one compiled
-        graph for both."""
-        inputs = (state.noise.variance, state.noise.count, torch.as_tensor(state.step_size, dtype=state.noise.variance.dtype),
-                  torch.as_tensor(self.temperature_at(state.i - 1), dtype=state.noise.variance.dtype))  # fmt: skip
+        """``(noise ratio, noise variance)`` after the last step, floats (:func:`_noise_ratio_and_variance`),
+        through one compiled graph with ``compile_potential``."""
+        dtype = state.noise.variance.dtype
+        inputs = (state.noise.variance, state.noise.count, torch.as_tensor(state.step_size, dtype=dtype),
+                  torch.as_tensor(self.temperature_at(state.i - 1), dtype=dtype))  # fmt: skip
+        compiled = self._compiled("noise summary", _noise_ratio_and_variance, inputs)
+        return tuple(float(value) for value in (compiled or _noise_ratio_and_variance)(*inputs))
 
-        def summary(variance, count, step_size, temperature):
-            estimate = noise.NoiseState(variance, variance, count)
-            return noise.ratio(estimate, step_size, temperature), noise.trace(estimate)
-
-        key = ("summary", *((tuple(t.shape), t.dtype, t.device) for t in inputs))
-        if self._compile and key not in self._noise_graphs:
-            self._noise_graphs[key] = compile_.compile_tensors(summary, inputs)
-        compiled = self._noise_graphs.get(key)
-        return tuple(float(value) for value in (summary if compiled is None else compiled)(*inputs))
-
-    def _noise_update(self, noise_state, grad, scale):
-        """The compiled :func:`ppl_sgmcmc.noise.update` of an accepted step for these shapes, or ``None``."""
-        key = (tuple(grad.shape), grad.dtype, grad.device, tuple(scale.shape))
-        if key not in self._noise_graphs:
-
-            def update(previous, variance, count, gradient, scale):
-                state, term = noise.update(noise.NoiseState(previous, variance, count), gradient, scale, True)
-                return (*state, term)
-
-            self._noise_graphs[key] = compile_.compile_tensors(update, (*noise_state, grad, scale))
-        return self._noise_graphs[key]
+    def _compiled(self, name, fn, inputs):
+        """``fn`` compiled for inputs shaped like ``inputs`` (:func:`~ppl_sgmcmc.pyro.compile.compile_tensors`,
+        once per shapes, dtypes and devices), or ``None`` without ``compile_potential`` or if it cannot be
+        compiled: the caller then runs ``fn`` eagerly."""
+        if not self._compile:
+            return None
+        key = (name, *((t.shape, t.dtype, t.device) for t in inputs))
+        if key not in self._graphs:
+            self._graphs[key] = compile_.compile_tensors(fn, inputs)
+        return self._graphs[key]
 
     def _start(self, params):
         params = self._initial_params if params is None else params
@@ -671,7 +674,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._state = None
         self._flat = None
         self._logging = None
-        self._noise_graphs = {}
+        self._graphs = {}
         self._initial_deterministic = {}
         self._warmup_steps = 0
         self._draws = 0
@@ -695,7 +698,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         state = self.__dict__.copy()
         for key in ("_target", "_generator", "_state", "_flat", "_logging"):
             state[key] = None
-        state["_noise_graphs"] = {}
+        state["_graphs"] = {}
         return state
 
     # --- continuing a chain ------------------------------------------------------------------

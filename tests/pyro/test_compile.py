@@ -446,31 +446,33 @@ def test_compiled_graph_disagreeing_with_the_model_is_not_used(data, monkeypatch
 def test_compiled_noise_estimate_equals_eager(kind, data, monkeypatch):
     """The kernels measure the gradient noise of an accepted step through a compiled graph
     (:func:`~ppl_sgmcmc.pyro.compile.compile_tensors`): the same estimate, step for step, as the eager
-    :func:`ppl_sgmcmc.noise.update` (SGLD's scale is a number; SGFS's is NaN: its noise is not measured).
+    :func:`ppl_sgmcmc.noise.update` (SGLD's scale is a number; SGFS's is NaN: its noise is not measured), and
+    so are each draw's noise ratio and noise variance.
     The first state's ``previous`` and ``variance`` are one tensor, which the trace must keep apart."""
 
     def run(compiled):
         if not compiled:
-            monkeypatch.setattr(kind, "_noise_update", lambda self, *args: None)
+            monkeypatch.setattr(kind, "_compiled", lambda self, *args: None)
         kernel = kind(plain, step_size=1e-4)
         pyro.set_rng_seed(0)
         kernel.setup(0, *data)
-        kernel.sample(kernel.initial_params)
+        z = kernel.sample(kernel.initial_params)
         states = []
         for _ in range(6):
-            kernel._step()
-            states.append(kernel.state.noise)
+            z = kernel.sample(z)
+            states.append((*kernel.state.noise, kernel.state.noise_ratio, kernel.state.noise_variance))
         monkeypatch.undo()
         return kernel, states
 
     kernel, compiled = run(True)
-    assert all(isinstance(graph, compile_.CompiledFunction) for graph in kernel._noise_graphs.values())
-    assert kernel._noise_graphs
+    assert {key[0] for key in kernel._graphs} == {"noise update", "noise summary"}
+    assert all(isinstance(graph, compile_.CompiledFunction) for graph in kernel._graphs.values())
     _, eager = run(False)
-    assert int(compiled[-1].count) == 6  # the first draw's step and six more: six differences
-    for a, b in zip(compiled, eager):
+    assert int(compiled[-1][2]) == 6  # the first draw's step and six more: six differences
+    for a, b in zip(compiled, eager):  # the estimate, and the draw's noise ratio and noise variance from it
         for x, y in zip(a, b):
-            torch.testing.assert_close(x, y, rtol=1e-6, atol=0.0, equal_nan=True)  # SGFS: not measured (NaN)
+            torch.testing.assert_close(torch.as_tensor(x), torch.as_tensor(y), rtol=1e-6, atol=0.0,
+                                       equal_nan=True)  # fmt: skip  # SGFS: not measured (NaN)
 
 
 def test_inductor_graph_called_with_other_inputs_specialises_again():
