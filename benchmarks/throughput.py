@@ -24,6 +24,11 @@ For every kernel this measures, in one process and side by side:
   nearest BlackJAX algorithm is listed and marked ``~``. BlackJAX SGHMC runs
   ``num_integration_steps=10`` per call (one minibatch per call; its rate counts integration
   steps): with ``num_integration_steps=1`` its gradient is dead code (see ``make_blackjax_chain``).
+* **sgmcmcjax**: SGMCMCJax 0.2.13's ``build_sgld_kernel`` / ``build_sgnht_kernel`` / ``build_psgld_kernel``
+  stepped in a ``lax.scan`` (its own minibatch: ``random.choice`` with replacement), storing every position;
+  timed like the scan loop. Its SGNHT is Euler with a scalar thermostat (``~`` for the multivariate rows); it has
+  no SGHMC that draws one minibatch per step. It imports the ``host_callback`` module removed from JAX:
+  ``benchmarks/sgmcmcjax_shim.py`` stubs it, in the benchmark's process only.
 
 Then: the progress-bar path (``progress_bar=True``, one chain, which numpyro runs as a Python loop
 with one jitted step and one ``get_diagnostics_str`` call per iteration; tqdm writes to
@@ -76,6 +81,7 @@ from jax import lax, random  # noqa: E402
 from numpyro.infer import MCMC  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.sgmcmcjax_shim import import_sgmcmcjax  # noqa: E402
 from models.datasets import load_a9a  # noqa: E402
 from ppl_sgmcmc.algorithms import call_kwargs  # noqa: E402
 from ppl_sgmcmc.numpyro import MCMC as InLoopBarMCMC  # noqa: E402
@@ -155,6 +161,8 @@ def kernel_specs():
 
 
 QUICK_KERNELS = ("SGLD", "SGNHT multivar. splitting")
+# chains of the vectorised rows (--quick: the first)
+VECTORIZED_CHAINS = (4, 16)
 # steps_per_sample of the amortised progress-bar rows
 AMORTISE = 20
 
@@ -367,6 +375,63 @@ def make_blackjax_chain(name, hyper, step_size, X, y, steps):
 
 
 # ----------------------------------------------------------------------------------------------
+# Baseline (c): SGMCMCJax 0.2.13 (shimmed for current JAX: benchmarks/sgmcmcjax_shim.py)
+# ----------------------------------------------------------------------------------------------
+# the SGMCMCJax kernel timed against each of ours ("~": the nearest algorithm, not the same update)
+SGMCMCJAX = {
+    "SGLD": "sgld",
+    "SGNHT multivar. splitting": "~sgnht",
+    "SGNHT multivar. euler": "~sgnht",
+    "SGNHT scalar euler": "sgnht",
+    "PSGLD": "psgld",
+}
+
+
+def make_sgmcmcjax_chain(name, hyper, step_size, X, y, steps):
+    """``key -> positions`` of an SGMCMCJax chain of ``steps`` steps (``lax.scan`` over its ``kernel(i, key,
+    state)``, storing every position). Its minibatch is ``random.choice`` with replacement. Its SGNHT is Euler with
+    a scalar thermostat in the coordinates ``v = h p`` of Ding et al.'s Algorithm 2: its ``dt`` is ``h²`` and its
+    ``a`` is ``A h``."""
+    kernels = import_sgmcmcjax()
+    d = X.shape[1]
+
+    def logprior(w):
+        return -0.5 * jnp.sum(w * w) / PRIOR_VAR
+
+    def loglik(w, x, t):  # one datum; SGMCMCJax vmaps it over the minibatch
+        logit = x @ w
+        return t * logit - jax.nn.softplus(logit)
+
+    data = (X, y)
+    name = name.lstrip("~")
+    if name == "sgld":
+        init, kernel, get_params = kernels.build_sgld_kernel(step_size, loglik, logprior, data, BATCH)
+    elif name == "psgld":
+        init, kernel, get_params = kernels.build_psgld_kernel(
+            step_size, loglik, logprior, data, BATCH, alpha=hyper["alpha"], eps=hyper["eps"]
+        )
+    else:
+        init, kernel, get_params = kernels.build_sgnht_kernel(
+            step_size**2, loglik, logprior, data, BATCH, a=hyper["diffusion"] * step_size
+        )
+
+    def chain(key):
+        key, key_init = random.split(key)
+        state = init(key_init, jnp.zeros(d))
+
+        def body(carry, i):
+            state, key = carry
+            key, key_step = random.split(key)
+            state = kernel(i, key_step, state)
+            return (state, key), get_params(state)
+
+        _, xs = lax.scan(body, (state, key), jnp.arange(steps))
+        return xs
+
+    return chain
+
+
+# ----------------------------------------------------------------------------------------------
 # HLO of one step: ours (kernel.sample) vs the hand-written step
 # ----------------------------------------------------------------------------------------------
 def hlo_counts(text):
@@ -409,16 +474,24 @@ def compare_one_step(spec, X, y):
 
 
 # ----------------------------------------------------------------------------------------------
-def decompose(spec, X, y, steps, repeats):
+def decompose(spec, X, y, steps, repeats, num_chains=None):
     """Steps/s of the kernel's own ``sample`` and of the hand-written step, each in a bare ``lax.scan``
     (compiled once, best of ``repeats``), with and without storing every position: separates the
-    cost of the kernel's step from that of ``MCMC``'s collection loop."""
+    cost of the kernel's step from that of ``MCMC``'s collection loop. With ``num_chains``, both are
+    vectorised (the kernel's own ``vmap`` from an array of keys; ``jax.vmap`` of the hand step)."""
     label, make_kernel, rule, hyper, step_size, *_ = spec
     kernel = make_kernel()
-    state0 = kernel.init(random.PRNGKey(0), 0, None, (X, y), {})
+    d = X.shape[1]
     _, one_step = make_scan_chain(rule, hyper, step_size, X, y, steps)
-    x0 = jnp.zeros(X.shape[1])
-    rs0 = rule.init(x0, x0 + 1.0, **call_kwargs(rule.init, hyper))
+    if num_chains is None:
+        state0 = kernel.init(random.PRNGKey(0), 0, None, (X, y), {})
+        key0, x0 = random.PRNGKey(0), jnp.zeros(d)
+        rs0 = rule.init(x0, x0 + 1.0, **call_kwargs(rule.init, hyper))
+    else:
+        key0, x0 = random.split(random.PRNGKey(0), num_chains), jnp.zeros((num_chains, d))
+        state0 = kernel.init(key0, 0, {"w": x0}, (X, y), {})
+        rs0 = jax.vmap(lambda x: rule.init(x, x + 1.0, **call_kwargs(rule.init, hyper)))(x0)
+        one_step = jax.vmap(one_step)
 
     def ours(collect):
         def body(state, _):
@@ -437,7 +510,52 @@ def decompose(spec, X, y, steps, repeats):
     fns = {}
     for collect in (False, True):
         fns[("ours", collect)] = (ours(collect), state0)
-        fns[("hand", collect)] = (hand(collect), (x0, rs0, random.PRNGKey(0)))
+        fns[("hand", collect)] = (hand(collect), (x0, rs0, key0))
+    return interleaved_rates(fns, steps, repeats)
+
+
+def step_costs(spec, X, y, steps, repeats):
+    """What each piece of bookkeeping in the kernel's step costs: steps/s of ``kernel.sample`` in a bare
+    ``lax.scan`` (compiled once, interleaved best of ``repeats``) with the pieces taken out one at a time by
+    patching the kernel class (the health checks' branch, ``_update_health``; the gradient-noise estimate,
+    ``_measure_noise``; the divergence guard, ``_all_finite`` made constant so that XLA drops its ``where``),
+    and the hand-written step. Only for this measurement: a patched kernel is not a valid sampler."""
+    from unittest import mock
+
+    import ppl_sgmcmc.numpyro.kernel as kernel_module
+
+    label, make_kernel, rule, hyper, step_size, *_ = spec
+    no_health = mock.patch.object(kernel_module.SGMCMCKernel, "_update_health", lambda self, state, before: state)
+    no_noise = mock.patch.object(
+        kernel_module.SGMCMCKernel, "_measure_noise",
+        lambda self, noise_state, gradient, rule_state, accepted, i: (noise_state, gradient.grad * 0, accepted),
+    )  # fmt: skip
+    no_guard = mock.patch.object(kernel_module, "_all_finite", lambda tree: jnp.asarray(True))
+    variants = {
+        "as run": (),
+        "no health branch": (no_health,),
+        "no noise estimate": (no_noise,),
+        "neither": (no_health, no_noise),
+        "neither, no guard": (no_health, no_noise, no_guard),
+    }
+    fns = {}
+    for name, patches in variants.items():
+        with contextlib.ExitStack() as stack:
+            for patch in patches:
+                stack.enter_context(patch)
+            kernel = make_kernel()
+            state0 = kernel.init(random.PRNGKey(0), 0, None, (X, y), {})
+
+            def body(state, _, kernel=kernel):
+                return kernel.sample(state, (X, y), {}), None
+
+            compiled = jax.jit(lambda state, body=body: lax.scan(body, state, None, length=steps)[0])
+            fns[name] = (compiled.lower(state0).compile(), state0)
+    _, one_step = make_scan_chain(rule, hyper, step_size, X, y, steps)
+    x0 = jnp.zeros(X.shape[1])
+    rs0 = rule.init(x0, x0 + 1.0, **call_kwargs(rule.init, hyper))
+    hand = jax.jit(lambda carry: lax.scan(lambda carry, _: (one_step(*carry), None), carry, None, length=steps)[0])
+    fns["hand step"] = (hand, (x0, rs0, random.PRNGKey(0)))
     return interleaved_rates(fns, steps, repeats)
 
 
@@ -831,7 +949,7 @@ def fmt(x, spec=",.0f"):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="S: steps of the shorter MCMC run (default 40000)")
-    parser.add_argument("--quick", action="store_true", help="smoke test: two kernels, few steps (~30 s)")
+    parser.add_argument("--quick", action="store_true", help="smoke test: two kernels, fewer rows (~2 min)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="MCMC runs per configuration, alternately S and 2S steps (default 2); "
                              "each baseline is timed once per round plus once before")
@@ -844,7 +962,7 @@ def main(argv=None):
     parser.add_argument("--pyro-steps", type=int, default=None, help=f"steps per Pyro run (default {PYRO_STEPS})")
     args = parser.parse_args(argv)
     pyro_steps = args.pyro_steps or (1000 if args.quick else PYRO_STEPS)
-    steps = args.steps or (5000 if args.quick else 20000)
+    steps = args.steps or 20000
     rounds = args.rounds or 2
     repeats = rounds + 1
     pbar_steps = max(steps // 10, 1000)  # the progress-bar path runs 5-20x slower
@@ -898,6 +1016,10 @@ def main(argv=None):
         if bj_name is not None:
             bj_chain = jax.jit(make_blackjax_chain(bj_name, hyper, step_size, X, y, steps))
             timed.append((bj_chain, random.PRNGKey(2), []))
+        sj_name = SGMCMCJAX.get(label)
+        if sj_name is not None:
+            sj_chain = jax.jit(make_sgmcmcjax_chain(sj_name, hyper, step_size, X, y, steps))
+            timed.append((sj_chain, random.PRNGKey(4), []))
         for fn, key, times in timed:
             times.append(best_time(fn, key, repeats=1))
         between = [lambda fn=fn, key=key, times=times: times.append(best_time(fn, key, repeats=1, compile=False))
@@ -905,11 +1027,15 @@ def main(argv=None):
         ours = steady_rate(make_kernel, X, y, steps, rounds=rounds, between=between, progress_bar=False)
         (t_scan, xs), *rest = [min(times, key=lambda r: r[0]) for _, _, times in timed]
         finite = ours["finite"] and bool(jnp.all(jnp.isfinite(xs[-1])))
-        bj = None
-        if rest:
-            t_bj, xs_bj = rest[0]
+        bj = sj = None
+        if bj_name is not None:
+            t_bj, xs_bj = rest.pop(0)
             bj = steps / t_bj
             finite &= bool(jnp.all(jnp.isfinite(xs_bj[-1])))
+        if sj_name is not None:
+            t_sj, xs_sj = rest.pop(0)
+            sj = steps / t_sj
+            finite &= bool(jnp.all(jnp.isfinite(xs_sj[-1])))
         row = dict(
             kernel=label,
             ours=ours["rate"],
@@ -921,13 +1047,16 @@ def main(argv=None):
             bj_name=(("~" if bj_nearest else "") + bj_name + (f", K={BLACKJAX_SGHMC_STEPS}" if bj_name == "sghmc" else ""))
             if bj_name
             else None,
+            sgmcmcjax=sj,
+            sj_name=sj_name,
             finite=finite,
             num_diverging=ours["num_diverging"],
         )
         rows.append(row)
         print(
             f"  measured {label:<26} ours {fmt(row['ours']):>7}/s (S/2S difference {fmt(row['ours_diff'])}/s)  "
-            f"scan {fmt(row['scan']):>7}/s  blackjax {fmt(bj):>7}/s  all chains finite: {finite}",
+            f"scan {fmt(row['scan']):>7}/s  blackjax {fmt(bj):>7}/s  sgmcmcjax {fmt(sj):>7}/s  "
+            f"all chains finite: {finite}",
             flush=True,
         )
 
@@ -935,18 +1064,21 @@ def main(argv=None):
     print(f"## Steady-state steps/s, one chain, progress_bar=False (S={steps})")
     print()
     print("| kernel | ours steps/s | scan steps/s | ours/scan | blackjax steps/s | ours/blackjax "
-          "| ours, S/2S difference | ours end-to-end, S steps (s) | of which compile (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| sgmcmcjax steps/s | ours/sgmcmcjax | ours, S/2S difference | ours end-to-end, S steps (s) "
+          "| of which compile (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         bj = "—" if r["blackjax"] is None else f"{fmt(r['blackjax'])} ({r['bj_name']})"
         ratio_bj = "—" if r["blackjax"] is None else f"{r['ours'] / r['blackjax']:.2f}"
+        sj = "—" if r["sgmcmcjax"] is None else f"{fmt(r['sgmcmcjax'])} ({r['sj_name']})"
+        ratio_sj = "—" if r["sgmcmcjax"] is None else f"{r['ours'] / r['sgmcmcjax']:.2f}"
         print(
             f"| {r['kernel']} | {fmt(r['ours'])} | {fmt(r['scan'])} | {r['ours'] / r['scan']:.2f} | {bj} "
-            f"| {ratio_bj} | {fmt(r['ours_diff'])} | {r['e2e']:.2f} | {r['compile']:.2f} |"
+            f"| {ratio_bj} | {sj} | {ratio_sj} | {fmt(r['ours_diff'])} | {r['e2e']:.2f} | {r['compile']:.2f} |"
         )
     print()
     print("ours: best run of s / sampling time (from the end of the loop's compilation to the end of the run);")
-    print("S/2S difference: S / (sampling time of the 2S run - that of the S run). scan, blackjax: best timed call.")
+    print("S/2S difference: S / (sampling time of the 2S run - that of the S run). scan, blackjax, sgmcmcjax: best timed call.")
     print("~name: the nearest BlackJAX algorithm, not the same update (see RESULTS.md). BlackJAX SGHMC, K=10:")
     print("its rate counts integration steps, with one minibatch and one momentum draw per 10 steps: not a")
     print("per-step comparison (with K=1 its gradient is dead code and it runs a gradient-free random walk).")
@@ -983,23 +1115,30 @@ def main(argv=None):
         )
 
     # --- vectorised chains ------------------------------------------------------------------------
-    num_chains = 4
-    spec = next(s for s in kernel_specs() if s[0] == "SGNHT multivar. splitting")
-    label, make_kernel, rule, hyper, step_size = spec[:5]
-    vec_kwargs = dict(progress_bar=False, num_chains=num_chains, chain_method="vectorized")
-    vec = steady_rate(make_kernel, X, y, vec_steps, rounds=rounds, **vec_kwargs)
-    chain, _ = make_scan_chain(rule, hyper, step_size, X, y, vec_steps)
-    t_vscan, _ = best_time(jax.jit(jax.vmap(chain)), random.split(random.PRNGKey(3), num_chains), repeats=repeats)
-    vscan = vec_steps / t_vscan
     print()
-    print(f"## Vectorised chains: {label}, num_chains={num_chains}, chain_method='vectorized' (S={vec_steps})")
+    print(f"## Vectorised chains, chain_method='vectorized' (S={vec_steps}; steps/s of each chain)")
     print()
-    print("| | steps/s (each chain) | chain-steps/s (all chains) | vs scan |")
-    print("|---|---:|---:|---:|")
-    print(f"| ours (MCMC, vectorized) | {fmt(vec['rate'])} | {fmt(num_chains * vec['rate'])} | {vec['rate'] / vscan:.2f} |")
-    print(f"| scan, jax.vmap over chains | {fmt(vscan)} | {fmt(num_chains * vscan)} | 1.00 |")
-    print(f"| ours, one chain (table above) | {fmt(by_label[label]['ours'])} | {fmt(by_label[label]['ours'])} | |")
-    sys.stdout.flush()
+    print("| kernel | chains | ours (MCMC) | scan, jax.vmap over chains | ours/scan "
+          "| kernel.sample, bare scan | hand step, bare scan | sample/hand |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for spec in kernel_specs():
+        if spec[0] not in QUICK_KERNELS:
+            continue
+        label, make_kernel, rule, hyper, step_size = spec[:5]
+        for num_chains in VECTORIZED_CHAINS[:1] if args.quick else VECTORIZED_CHAINS:
+            vec_kwargs = dict(progress_bar=False, num_chains=num_chains, chain_method="vectorized")
+            vec = steady_rate(make_kernel, X, y, vec_steps, rounds=rounds, **vec_kwargs)
+            chain, _ = make_scan_chain(rule, hyper, step_size, X, y, vec_steps)
+            keys = random.split(random.PRNGKey(3), num_chains)
+            t_vscan, _ = best_time(jax.jit(jax.vmap(chain)), keys, repeats=repeats)
+            vscan = vec_steps / t_vscan
+            bare = decompose(spec, X, y, vec_steps // 2, repeats, num_chains=num_chains)
+            print(
+                f"| {label} | {num_chains} | {fmt(vec['rate'])} | {fmt(vscan)} | {vec['rate'] / vscan:.2f} "
+                f"| {fmt(bare['ours', False])} | {fmt(bare['hand', False])} "
+                f"| {bare['ours', False] / bare['hand', False]:.2f} |",
+                flush=True,
+            )
 
     # --- where the time goes ----------------------------------------------------------------------
     print()
@@ -1017,6 +1156,21 @@ def main(argv=None):
             f"| {fmt(r['ours', True])} | {fmt(by_label[spec[0]]['ours'])} | {r['ours', False] / r['hand', False]:.2f} |",
             flush=True,
         )
+
+    # --- what the step's bookkeeping costs -----------------------------------------------------------
+    print()
+    print(f"## What the step's bookkeeping costs: kernel.sample in a bare lax.scan (S={steps // 2}, best of "
+          f"{2 * repeats + 1}, interleaved), pieces taken out by patching (not valid samplers)")
+    print()
+    names = ("as run", "no health branch", "no noise estimate", "neither", "neither, no guard", "hand step")
+    print("| kernel | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for spec in specs:
+        if spec[0] not in QUICK_KERNELS:
+            continue
+        r = step_costs(spec, X, y, steps // 2, 2 * repeats + 1)
+        print(f"| {spec[0]} | " + " | ".join(f"{fmt(r[n])} ({r[n] / r['hand step']:.2f})" for n in names) + " |",
+              flush=True)
 
     # --- HLO of one step ----------------------------------------------------------------------------
     print()

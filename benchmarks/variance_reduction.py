@@ -39,7 +39,7 @@ centred at the mode.
     ``blackjax.sgmcmc.gradients.grad_estimator`` and ``control_variates``, and for SGMCMCJax 0.2.13's
     ``build_sgldCV_kernel`` and ``build_sgld_SVRG_kernel``. SGMCMCJax 0.2.13 imports
     ``jax.experimental.host_callback``, which current JAX removed (it uses it only for its progress bars);
-    :func:`import_sgmcmcjax` puts a stub module in ``sys.modules`` before importing it, in this script only.
+    :func:`benchmarks.sgmcmcjax_shim.import_sgmcmcjax` puts a stub module in ``sys.modules`` before importing it.
 
 Usage (from the repository root)::
 
@@ -57,9 +57,7 @@ import datetime
 import importlib.metadata
 import json
 import os
-import sys
 import time
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -83,6 +81,7 @@ from numpyro.infer.reparam import Reparam  # noqa: E402
 
 from benchmarks.a9a_vs_nuts import load_reference, machine  # noqa: E402
 from benchmarks.hands_off import linreg_model, linreg_target  # noqa: E402
+from benchmarks.sgmcmcjax_shim import import_sgmcmcjax  # noqa: E402
 from models.datasets import load_a9a  # noqa: E402
 from models.logistic_regression import model as a9a_model  # noqa: E402
 from ppl_sgmcmc import gradients  # noqa: E402
@@ -96,27 +95,6 @@ STEP_SIZES = {"linreg": 0.05, "a9a": 0.01}
 THIN, BURN_IN = 10, 0.1
 NOISE_POINTS, NOISE_DRAWS = 32, 256
 TIMED_STEPS = 2000
-
-
-def import_sgmcmcjax() -> types.ModuleType:
-    """``sgmcmcjax.kernels`` (SGMCMCJax 0.2.13) on current JAX: its ``util`` module imports
-    ``jax.experimental.host_callback`` (removed from JAX) for its progress bars, which this script does not use;
-    a stub module stands in for it, in this process only."""
-    if "jax.experimental.host_callback" not in sys.modules:
-        try:
-            from jax.experimental import host_callback  # noqa: F401
-        except ImportError:
-            stub = types.ModuleType("jax.experimental.host_callback")
-
-            def id_tap(*args: Any, **kwargs: Any) -> Any:
-                raise RuntimeError("host_callback stub: SGMCMCJax's progress bars are not available here")
-
-            stub.id_tap = id_tap  # type: ignore[attr-defined]
-            sys.modules["jax.experimental.host_callback"] = stub
-            jax.experimental.host_callback = stub  # type: ignore[attr-defined]
-    import sgmcmcjax.kernels
-
-    return sgmcmcjax.kernels
 
 
 # --- the problems ----------------------------------------------------------------------------------------

@@ -443,10 +443,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._check_static(model_args, model_kwargs)
         sharding.check_arguments(state.i, model_args, model_kwargs, self.name)  # data on several hosts
         before = state.i
-        state = self._update_health(self._sample_fn(state, model_args, model_kwargs), before)
-        if self._progress is not None:  # a host callback every `progress_rate` draws
-            self._progress.tick(state)
-        return state
+        return self._update_health(self._sample_fn(state, model_args, model_kwargs), before)
 
     def _check_static(self, model_args, model_kwargs):
         """A model argument that was a Python number at :meth:`init` (it may be a shape, e.g. a plate's
@@ -507,9 +504,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     def _update_health(self, state, before):
         """``state`` with its health checks run if the step count passed a power of two since ``before``
-        (steps 1, 2, 4, 8, ...): :func:`ppl_sgmcmc.health.update`, in the compiled step, without a host call.
-        The branch is taken for all chains at once (they count steps together), so that vectorised chains
-        do not pay for the checks at every step."""
+        (steps 1, 2, 4, 8, ...): :func:`ppl_sgmcmc.health.update`, in the compiled step, without a host call;
+        and, under :class:`ppl_sgmcmc.numpyro.MCMC` with a progress bar, the bar's host callback when it is due.
+        Both sit in one branch, taken when either is due, so that a step pays for one rarely taken branch. The
+        branch is taken for all chains at once (they count steps together), so that vectorised chains do not
+        pay for the checks at every step."""
 
         def update(state):
             return state._replace(
@@ -534,9 +533,18 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 state = state._replace(health=state.health._replace(flags=flags))
             return state
 
-        if self._vectorized:
-            return lax.cond(health.passed_power_of_two(before[0], state.i[0]), checked, lambda s: s, state)
-        return lax.cond(health.passed_power_of_two(before, state.i), checked, lambda s: s, state)
+        first = (lambda x: x[0]) if self._vectorized else (lambda x: x)
+        health_due = health.passed_power_of_two(first(before), first(state.i))
+        if self._progress is None:
+            return lax.cond(health_due, checked, lambda s: s, state)
+        bar_due = self._progress.due(state)
+
+        def rare(state):
+            state = lax.cond(health_due, checked, lambda s: s, state)
+            self._progress.show_if(bar_due, state)
+            return state
+
+        return lax.cond(health_due | bar_due, rare, lambda s: s, state)
 
     def _measured_ratio(self, state):
         """The noise ratio once the warm-up is over and the estimate averages :data:`ppl_sgmcmc.noise.HORIZON`
@@ -682,20 +690,21 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             finite_position = jnp.where(finite, flat, finite_position)
         keep = partial(jnp.where, finite)
         kept_rule_state = state.rule_state
+        like = jax.ShapeDtypeStruct(flat.shape, flat.dtype)  # of a normal draw made in a branch only
         if has_momentum(kept_rule_state):  # a rejected step redraws the momentum that made it diverge
-            kept_rule_state = lax.cond(
-                finite,
-                lambda: kept_rule_state,
-                lambda: refresh_momentum(
-                    kept_rule_state, _refresh_noise(key_noise, flat), self.temperature_at(state.i)
+            kept_rule_state = warmup.when(
+                ~finite,
+                lambda rule_state, args: refresh_momentum(
+                    rule_state, _refresh_noise(args[0], like), self.temperature_at(args[1])
                 ),
+                kept_rule_state,
+                (key_noise, state.i),
             )
         new_flat = keep(new_flat, safe_flat)
         rule_state = jax.tree.map(keep, rule_state, kept_rule_state)
         noise_state, term, valid = self._measure_noise(state.noise, gradient, rule_state, finite, state.i)
         adapt_state = state.adapt_state
         if self.adapts:
-            like = jax.ShapeDtypeStruct(flat.shape, flat.dtype)
             adapt_state, noise_state, rule_state, new_flat = warmup.when(
                 state.i < self._num_warmup_steps,
                 # the restart's momentum is drawn in the branch: a d-vector of normals per step otherwise

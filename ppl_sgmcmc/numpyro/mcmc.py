@@ -97,7 +97,7 @@ _NOT_SHOWN = ("z", "batch_state", "gradient_state", "finite_position", "adapt_st
 
 
 class _Bar:
-    """A tqdm bar of ``total`` draws that :meth:`tick` updates from the compiled step: the host callback
+    """A tqdm bar of ``total`` draws that the compiled step updates (:meth:`due`, :meth:`show_if`): the host callback
     runs when the draw count of this run is a multiple of ``progress_rate`` (NumPyro's default: a
     twentieth of the run) or reaches ``total``."""
 
@@ -115,14 +115,17 @@ class _Bar:
             return self.phase
         return "warmup" if max(draws - 1, 0) < self.num_warmup else "sample"
 
-    def tick(self, state: Any) -> None:
-        """In the compiled step: call :meth:`_show` with the first chain's state when it is due. Only the
-        fields the diagnostics string reads travel (a callback's operands are copied at every step)."""
-        kernel = self.kernel
-        first = jax.tree.map(lambda x: x[0], state) if kernel._vectorized else state
+    def due(self, state: Any) -> Any:
+        """In the compiled step: whether the bar is due for an update after the step that ended at ``state``."""
+        i = state.i[0] if self.kernel._vectorized else state.i
+        draws = (i - self.start) // self.kernel._steps_per_sample
+        return (draws % self.rate == 0) | (draws == self.total)
+
+    def show_if(self, due: Any, state: Any) -> None:
+        """In the compiled step: call :meth:`_show` with the first chain's state if ``due``. Only the fields
+        the diagnostics string reads travel to the host."""
+        first = jax.tree.map(lambda x: x[0], state) if self.kernel._vectorized else state
         first = first._replace(**dict.fromkeys(_NOT_SHOWN))
-        draws = (first.i - self.start) // kernel._steps_per_sample
-        due = (draws % self.rate == 0) | (draws == self.total)
         lax.cond(due, lambda s: io_callback(self._show, None, s, ordered=False), lambda s: None, first)
 
     def _show(self, state: Any) -> None:

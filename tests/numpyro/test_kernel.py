@@ -179,6 +179,33 @@ def test_rejected_step_redraws_the_momentum():
     assert np.abs(np.mean(redrawn)) < 0.5 and 0.5 < np.std(redrawn) < 1.5  # standard normal draws
 
 
+def test_vectorized_chains_redraw_the_momentum_of_their_own_rejected_steps():
+    """Under ``vmap`` the redraw is a branch taken when some chain rejected a step (``warmup.when``): each chain
+    still follows the path it follows alone, rejected steps (in some chains, not all) included."""
+
+    def energy(z):
+        return jnp.sum(jnp.exp(4 * z["x"]) + z["x"] ** 2)
+
+    kernel = SGHMC(potential_fn=energy, step_size=0.5, temperature=4.0)
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    step = jax.jit(kernel.sample)
+    state = kernel.init(keys, 0, init_params={"x": jnp.zeros((3, 2))})
+    vectorized = []
+    for _ in range(30):
+        state = step(state, (), {})
+        vectorized.append(np.asarray(state.rule_state.momentum))
+    rejected = np.asarray(state.num_diverging)
+    assert rejected.min() < rejected.max() and rejected.max() > 3  # chains rejected different steps
+    for chain, key in enumerate(keys):
+        alone = SGHMC(potential_fn=energy, step_size=0.5, temperature=4.0)
+        single = alone.init(key, 0, init_params={"x": jnp.zeros(2)})
+        step = jax.jit(alone.sample)
+        for t in range(30):
+            single = step(single, (), {})
+            np.testing.assert_allclose(single.rule_state.momentum, vectorized[t][chain], rtol=1e-5, atol=1e-6)
+        assert int(single.num_diverging) == rejected[chain]
+
+
 def _mean_model(y, batch_size=10):
     mu = numpyro.sample("mu", dist.Normal(0, 10))
     with numpyro.plate("data", y.shape[0], subsample_size=batch_size):
