@@ -46,8 +46,8 @@ gradient's time goes (Pyro's usual trace, the kernel's eager handler, the traced
 
 Usage (from the repository root)::
 
-    PYTHONPATH=. python benchmarks/throughput.py             # ~3 min on 2 idle CPU cores
-    PYTHONPATH=. python benchmarks/throughput.py --quick     # smoke test, ~30-60 s
+    PYTHONPATH=. python benchmarks/throughput.py             # ~5 min on 2 idle CPU cores
+    PYTHONPATH=. python benchmarks/throughput.py --quick     # two kernels, fewer rows, ~2 min
     PYTHONPATH=. python benchmarks/throughput.py --steps 40000 --rounds 4
     PYTHONPATH=. python benchmarks/throughput.py --pyro-only --rounds 3   # the Pyro rows only
     PYTHONPATH=. python benchmarks/throughput.py --repeated-runs  # compilation of repeated runs, ~3 min
