@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax, random
+from jax import lax, random, vmap
 from numpyro.distributions.transforms import biject_to
 from numpyro.handlers import seed, substitute, trace
 from numpyro.infer.gibbs import subsample_plate_sizes
@@ -579,11 +579,16 @@ class ModelTarget:
         size = block.indices[next(iter(block.indices))].shape[0]
 
         def refill(block, rng_key):
-            def body(batch_state, key):
-                indices, batch_state = self.draw(key, batch_state)
-                return batch_state, indices
+            keys = draw_keys(rng_key, size)
+            if self.replace:  # independent draws: all at once (the same indices, one batched draw)
+                batch_state, indices = block.batch_state, vmap(lambda key: self.draw(key, block.batch_state)[0])(keys)
+            else:  # through an epoch's permutation, one step after the other
 
-            batch_state, indices = lax.scan(body, block.batch_state, draw_keys(rng_key, size))
+                def body(batch_state, key):
+                    indices, batch_state = self.draw(key, batch_state)
+                    return batch_state, indices
+
+                batch_state, indices = lax.scan(body, block.batch_state, keys)
             return Block(batch_state, indices, model.read(indices), jnp.zeros((), jnp.int32))
 
         block = when(block.position == size, refill, block, rng_key)
