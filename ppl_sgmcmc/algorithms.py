@@ -397,6 +397,29 @@ class Algorithm:
         those out."""
         return rule_state
 
+    def _changing_preconditioner(self, rule_state: Any) -> Any:
+        """The array through which the rule's own preconditioner changes along the chain (pSGLD's ``V``), whose
+        range between two health checks (:func:`ppl_sgmcmc.health.track`) :meth:`_preconditioner_change` turns
+        into the factor by which the preconditioner changed; ``None`` (the default) for a rule whose
+        preconditioner is fixed after the warm-up."""
+        return None
+
+    def _preconditioner_change(self, low: Any, high: Any, start: Any) -> Any:
+        """The largest factor, over the coordinates, by which the preconditioner changed while the array of
+        :meth:`_changing_preconditioner` ranged over ``[low, high]`` since step ``start`` (NaN: not measured)."""
+        raise NotImplementedError(f"{self.name} has no changing preconditioner")
+
+    def _measured_change(self, health_state: Any) -> Any:
+        """The preconditioner change that the health check reports (:func:`ppl_sgmcmc.health.update`): NaN
+        without a changing preconditioner, or while the steps since the previous check overlap the warm-up
+        (which sets and rescales the preconditioner)."""
+        if health_state.low is None:
+            return math.nan
+        xp = array_namespace(health_state.low)
+        start = health_state.anchor_step
+        change = self._preconditioner_change(health_state.low, health_state.high, start)
+        return xp.where(start >= self._num_warmup_steps, change, xp.asarray(math.nan, dtype=health_state.low.dtype))
+
     def _step_cap(self, rule_state: Any) -> Any:
         """The cap of a tuned step size at unit curvature: :attr:`max_step_size` (pSGLD scales it by its
         preconditioner)."""
@@ -788,6 +811,20 @@ class PSGLD(Algorithm):
     def noise_scale(self, rule_state: Any, i: Any) -> Any:
         """``G``: the gradient and the injected noise pass through the preconditioner."""
         return self._preconditioner(rule_state)
+
+    def _changing_preconditioner(self, rule_state: Any) -> Any:
+        """``V``: ``G`` follows the minibatch scores along the chain, and the rule drops the ``Γ`` term of that
+        change (the health checks report a ``G`` that changes by more than
+        :data:`~ppl_sgmcmc.health.PRECONDITIONER_CHANGE` between two checks)."""
+        return rule_state.square_avg
+
+    def _preconditioner_change(self, low: Any, high: Any, start: Any) -> Any:
+        """``max_k G(low_k) / G(high_k)``; NaN until ``V`` has forgotten its start (``10/(1-α)`` steps)."""
+        xp = array_namespace(low)
+        eps = self._options["eps"]
+        change = xp.max((eps + xp.sqrt(high)) / (eps + xp.sqrt(low)))
+        settled = xp.asarray(start, dtype=low.dtype) >= 10 / (1 - self._options["alpha"])
+        return xp.where(settled, change, xp.asarray(math.nan, dtype=low.dtype))
 
     def _step_cap(self, rule_state: Any) -> Any:
         """:attr:`max_step_size` for the preconditioned step ``h G``."""

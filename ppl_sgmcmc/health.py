@@ -3,7 +3,8 @@
 A chain can go wrong without raising: a step-size schedule that turns non-positive or non-finite, a
 storm of steps rejected as non-finite, a chain, momentum or thermostat running off to huge values, a step
 size too large for the gradient noise (the noise ratio of :mod:`ppl_sgmcmc.noise` above the algorithm's
-limit), a chain that stops moving.
+limit), a chain that stops moving, a preconditioner that changes along the chain faster than the rule allows
+(pSGLD's).
 The kernels evaluate :func:`check` after every draw (a few reductions, on ``jax.numpy`` or ``torch``
 arrays alike) and, when a check fails, the backend turns it into one Python warning per run and kind
 (:func:`message`), naming what was seen and the fix. Nothing here changes the chain.
@@ -30,8 +31,14 @@ RUNAWAY = 1e8
 FROZEN_TOLERANCE = 1e-6
 FROZEN_STEPS = 128
 
-#: The checks: :func:`check`'s flags, then :func:`update`'s frozen-chain flag.
-KINDS = ("step_size", "rejections", "runaway", "noise", "restarts", "frozen")
+#: A rule that drops the correction term of a changing preconditioner (pSGLD) is reported when, between two
+#: checks after the warm-up, its preconditioner changed by more than this factor along some coordinate.
+PRECONDITIONER_CHANGE = 3.0
+
+#: The checks: :func:`check`'s flags, then :func:`update`'s frozen-chain and preconditioner flags.
+KINDS = ("step_size", "rejections", "runaway", "noise", "restarts", "frozen", "preconditioner")
+#: The values kept per kind (:class:`HealthState`'s ``values`` columns).
+VALUES = ("step_size", "steps", "rejected", "largest", "noise_ratio", "restarts", "since", "preconditioner_change")
 
 
 def check(
@@ -105,36 +112,68 @@ def passed_power_of_two(before: Any, after: Any) -> Any:
 
 class HealthState(NamedTuple):
     """What a chain's checks found so far: ``flags`` (booleans for :data:`KINDS`, each set once a check
-    fails), ``values`` (one row per kind: the values behind it when its check first failed: step size, steps,
-    rejected steps, largest magnitude, noise ratio, warm-up restarts, steps since the previous check), and
-    ``anchor``/``anchor_step``, the position at the previous check and its step (to see a frozen chain). The
-    NumPyro kernels keep it in their state,
-    so that a compiled run needs no host callback (which would slow every call of a compiled step); the
-    host reports it (:class:`Reporter`)."""
+    fails), ``values`` (one row per kind: the :data:`VALUES` behind it when its check first failed),
+    ``anchor``/``anchor_step``, the position at the previous check and its step (to see a frozen chain), and
+    ``low``/``high``, the elementwise range since the previous check of the array through which a rule's
+    preconditioner changes (pSGLD's ``V``; ``None`` for a rule whose preconditioner does not change: see
+    :func:`track`). The NumPyro kernels keep it in their state, so that a compiled run needs no host callback
+    (which would slow every call of a compiled step); the host reports it (:class:`Reporter`)."""
 
     flags: Any
     values: Any
     anchor: Any
     anchor_step: Any
+    low: Any = None
+    high: Any = None
 
 
-def init(like: Any) -> HealthState:
-    """No failure seen, anchored at the chain's start ``like`` (its namespace and dtype).
+def init(like: Any, tracked: Any = None) -> HealthState:
+    """No failure seen, anchored at the chain's start ``like`` (its namespace and dtype); with ``tracked`` (the
+    array a changing preconditioner depends on), an empty range for :func:`track`.
 
     **Example**::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc import health
         >>> health.init(jnp.zeros(3)).flags.tolist()
-        [False, False, False, False, False, False]
+        [False, False, False, False, False, False, False]
     """
     xp = array_namespace(like)
+    low = high = None
+    if tracked is not None:
+        low, high = _empty_range(tracked)
     return HealthState(
         xp.zeros((len(KINDS),), dtype=xp.bool),
-        xp.zeros((len(KINDS), 7), dtype=like.dtype),
+        xp.zeros((len(KINDS), len(VALUES)), dtype=like.dtype),
         like,
         xp.zeros((), dtype=like.dtype),
+        low,
+        high,
     )
+
+
+def _empty_range(like: Any) -> tuple[Any, Any]:
+    xp = array_namespace(like)
+    return xp.full_like(like, float("inf")), xp.full_like(like, -float("inf"))
+
+
+def track(state: HealthState, tracked: Any) -> HealthState:
+    """``state`` with ``tracked`` (this step's value of the array a changing preconditioner depends on) added to
+    its range ``[low, high]``: two elementwise extrema per step, for a rule whose preconditioner changes along
+    the chain (:meth:`~ppl_sgmcmc.algorithms.Algorithm._changing_preconditioner`).
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc import health
+        >>> state = health.init(jnp.zeros(2), tracked=jnp.zeros(2))
+        >>> for v in ([1.0, 4.0], [2.0, 3.0]):
+        ...     state = health.track(state, jnp.array(v))
+        >>> state.low.tolist(), state.high.tolist()
+        ([1.0, 3.0], [2.0, 4.0])
+    """
+    xp = array_namespace(tracked)
+    return state._replace(low=xp.minimum(state.low, tracked), high=xp.maximum(state.high, tracked))
 
 
 def update(
@@ -147,11 +186,14 @@ def update(
     noise_ratio: Any = float("nan"),
     noise_limit: float = float("inf"),
     restarts: Any = 0,
+    preconditioner_change: Any = float("nan"),
 ) -> HealthState:
-    """``state`` after the checks of :func:`check` at step ``i``, and the frozen-chain check (the position
+    """``state`` after the checks of :func:`check` at step ``i``, the frozen-chain check (the position
     moved by less than :data:`FROZEN_TOLERANCE` relative to its magnitude since the previous check, at
-    least :data:`FROZEN_STEPS` steps ago): failed checks are added to ``flags``, each kind's row of ``values``
-    is kept from its first failure, and the anchor moves to this check.
+    least :data:`FROZEN_STEPS` steps ago) and the preconditioner check (``preconditioner_change``, the largest
+    factor by which a rule's changing preconditioner changed since the previous check, above
+    :data:`PRECONDITIONER_CHANGE`; NaN: not measured): failed checks are added to ``flags``, each kind's row of
+    ``values`` is kept from its first failure, the anchor moves to this check and the tracked range starts again.
 
     **Example**::
 
@@ -159,9 +201,9 @@ def update(
         >>> from ppl_sgmcmc import health
         >>> state = health.update(health.init(jnp.ones(2)), 200, 150, 0.1, jnp.ones(2), ())
         >>> state.flags.tolist()  # most steps rejected, and the chain did not move
-        [False, True, False, False, False, True]
+        [False, True, False, False, False, True, False]
         >>> state.values[1].tolist()  # the rejections' values
-        [0.10000000149011612, 200.0, 150.0, 1.0, nan, 0.0, 200.0]
+        [0.10000000149011612, 200.0, 150.0, 1.0, nan, 0.0, 200.0, nan]
     """
     xp = array_namespace(position)
     flags, values = check(i, num_diverging, step_size, position, rule_state, noise_ratio, noise_limit, restarts)
@@ -169,11 +211,13 @@ def update(
     since = steps - state.anchor_step
     moved = xp.max(xp.abs(position - state.anchor))
     frozen = (since >= FROZEN_STEPS) & (moved <= FROZEN_TOLERANCE * (1 + xp.max(xp.abs(state.anchor))))
-    flags = xp.concat([flags, xp.reshape(frozen, (1,))])
-    values = xp.concat([values, xp.reshape(since, (1,))])
+    change = xp.asarray(preconditioner_change, dtype=position.dtype)
+    flags = xp.concat([flags, xp.stack([frozen, change > PRECONDITIONER_CHANGE])])
+    values = xp.concat([values, xp.stack([since, change])])
     first = flags & ~state.flags  # the kinds failing for the first time keep this check's values
     values = xp.where(first[:, None], xp.broadcast_to(values, state.values.shape), state.values)
-    return HealthState(state.flags | flags, values, position, steps)
+    low, high = (None, None) if state.low is None else _empty_range(state.low)
+    return HealthState(state.flags | flags, values, position, steps, low, high)
 
 
 def message(kernel: str, kind: str, values: Any) -> str:
@@ -182,10 +226,10 @@ def message(kernel: str, kind: str, values: Any) -> str:
     **Example**::
 
         >>> from ppl_sgmcmc import health
-        >>> print(health.message("SGLD", "rejections", [1e-3, 200, 150, 1.0, 0.1, 0, 72]))
+        >>> print(health.message("SGLD", "rejections", [1e-3, 200, 150, 1.0, 0.1, 0, 72, float("nan")]))
         SGLD: 150 of the first 200 steps were rejected as non-finite ...
     """
-    h, steps, rejected, largest, ratio, restarts, since = (float(v) for v in values)
+    h, steps, rejected, largest, ratio, restarts, since, change = (float(v) for v in values)
     if kind == "step_size":
         return (
             f"{kernel}: the step size reached h = {h:g} by step {int(steps)}; steps with a non-positive or NaN "
@@ -227,6 +271,16 @@ def message(kernel: str, kind: str, values: Any) -> str:
             "A thermostat or friction grown huge, a step size far too small, or every step rejected freezes a "
             "chain: check `rule_state.thermostat`, the step size and `num_diverging`, and the initial values."
         )
+    if kind == "preconditioner":
+        return (
+            f"{kernel}: in the {int(since)} steps before step {int(steps)} its preconditioner changed by a factor of "
+            f"{change:.3g} along some coordinate (over {PRECONDITIONER_CHANGE:g}): the rule drops the correction "
+            "term of a changing preconditioner, which is small only while it changes slowly, so the draws are "
+            "probably too widely spread along those coordinates (typically the weights of rare features, whose "
+            "minibatch gradients come in rare large kicks). Use SGLD or SGHMC, whose warm-up preconditioner is "
+            "fixed after the warm-up, or make the preconditioner change more slowly (`alpha=0.999`, or a larger "
+            "`eps`)."
+        )
     raise ValueError(f"unknown health check {kind!r}")
 
 
@@ -242,7 +296,7 @@ class Reporter:
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     for _ in range(3):
-        ...         reporter.report([False, True, False, False, False, False], [[1e-3, 200, 150, 1.0, 0.1, 0, 72]] * 6)
+        ...         reporter.report([False, True] + [False] * 5, [[1e-3, 200, 150, 1.0, 0.1, 0, 72, 1.0]] * 7)
         >>> len(caught)
         1
     """
@@ -280,8 +334,8 @@ def failures(kernel: str, flags: Any, values: Any) -> dict[str, str]:
         >>> from ppl_sgmcmc import health
         >>> flags = np.zeros((2, len(health.KINDS)), bool)
         >>> flags[1, 1] = True
-        >>> values = np.zeros((2, len(health.KINDS), 7))
-        >>> values[1, 1] = [1e-3, 200, 150, 1.0, 0.1, 0, 72]
+        >>> values = np.zeros((2, len(health.KINDS), len(health.VALUES)))
+        >>> values[1, 1] = [1e-3, 200, 150, 1.0, 0.1, 0, 72, 1.0]
         >>> for kind, text in health.failures("SGLD", flags, values).items():
         ...     print(kind, "|", text)
         rejections | SGLD: 150 of the first 200 steps were rejected as non-finite (75%); ...

@@ -515,7 +515,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 health=health.update(
                     state.health, state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0],
                     self._watched_state(state.rule_state), self._measured_ratio(state), self.noise_ratio_limit,
-                    state.adapt_state.restarts if self.adapts else 0,
+                    state.adapt_state.restarts if self.adapts else 0, self._measured_change(state.health),
                 )
             )
 
@@ -622,7 +622,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             adapt_state=adapt_state,
             noise=noise.init(flat),
             noise_ratio=jnp.full((), jnp.nan, flat.dtype),
-            health=health.init(flat),
+            health=health.init(flat, self._changing_preconditioner(rule_state)),
             rng_key=rng_key,
         )
 
@@ -712,6 +712,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 (adapt_state, noise_state, rule_state, new_flat),
                 (keep(gradient.energy, state.potential_energy), term, valid, state.i, key_noise),
             )
+        health_state, tracked = state.health, self._changing_preconditioner(rule_state)
+        if tracked is not None:  # a preconditioner that changes along the chain: its range since the last check
+            health_state = health.track(health_state, tracked)
         return self.state_type(
             i=state.i + 1,
             z=self._unravel(new_flat),
@@ -727,7 +730,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             adapt_state=adapt_state,
             noise=noise_state,
             noise_ratio=state.noise_ratio,  # brought up to date once per draw, by `_sample_one`
-            health=state.health,
+            health=health_state,
             rng_key=rng_key,
         )
 

@@ -476,6 +476,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             adapt_state, noise_state, rule_state, self._flat = self._adapt(
                 adapt_state, noise_state, rule_state, self._flat, energy, term, valid, state.i, self._normal(flat)
             )
+        tracked = self._changing_preconditioner(rule_state)
+        if tracked is not None:  # a preconditioner that changes along the chain: its range since the last check
+            checks = self._health_state if self._health_state is not None else health.init(self._flat, tracked)
+            self._health_state = health.track(checks, tracked)
         # z is filled in once per draw, by `sample`
         self._state = self.state_type(
             state.i + 1,
@@ -585,7 +589,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             restarts = state.adapt_state.restarts if self.adapts else 0
             checks = health.update(
                 checks, state.i, state.num_diverging, state.step_size, self._flat, self._watched_state(state.rule_state), ratio,
-                self.noise_ratio_limit, restarts,
+                self.noise_ratio_limit, restarts, self._measured_change(checks),
             )
             self._health_state = checks
             self._health.report(checks.flags.tolist(), checks.values.tolist())
@@ -793,7 +797,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._num_diverging = int(state.num_diverging)
         self._state = state
         # the frozen-chain check compares with the continued chain's own position and step
-        anchor = health.init(self._flat)
+        anchor = health.init(self._flat, self._changing_preconditioner(state.rule_state))
         self._health_state = anchor._replace(anchor_step=torch.full_like(anchor.anchor_step, float(state.i)))
 
 
