@@ -1041,6 +1041,12 @@ class CSGLD(Algorithm):
         """The integrator's own position (one move ahead of the sample) at ``u``, a CSGHMC momentum redrawn."""
         return super()._restart_rule_state(rule_state, u, fresh_noise, i)._replace(position=u)
 
+    def _rescale_rule_state(self, rule_state: Any, factor: Any) -> Any:
+        """The integrator's own position (one move ahead of the sample) in the rescaled coordinates, ``u ⊘ factor``:
+        the rule moves from it, not from the position the kernel passes, so it must follow every change of
+        coordinates the warm-up makes."""
+        return rule_state._replace(position=rule_state.position / factor)
+
     def _watched_state(self, rule_state: Any) -> Any:
         """Not the energy grid and statistics (energies, and a running sum of their squared deviations, grow
         with ``N`` and the run) nor the last sample's log-weight."""
