@@ -452,3 +452,30 @@ def test_sgfs_refuses_latents_outside_the_likelihood():
     kernel = SGFS(pyro_hierarchical)
     with pytest.raises(ValueError, match="latent site\\(s\\) 'mu', 'tau' are zero in all"):
         kernel.setup(0, y)
+
+
+@pytest.mark.parametrize("make", [CSGLD, CSGHMC], ids=["CSGLD", "CSGHMC"])
+def test_integrator_position_follows_the_warmups_rescalings(make):
+    """As on NumPyro (``tests/numpyro/test_csgld.py``): when the warm-up rescales the preconditioned coordinates
+    (a Student-t target, rescalings by 0.05-0.5), the integrator's own position is rescaled with them and stays
+    one move from the sample."""
+    from ppl_sgmcmc import adaptation
+
+    def energy(z):
+        return 2.0 * torch.log1p((z["x"] - 10.0) ** 2 / 3.0).sum()
+
+    torch.manual_seed(0)
+    kernel = make(potential_fn=energy)
+    kernel.initial_params = {"x": torch.full((2,), 10.0)}
+    kernel.setup(warmup_steps=300)
+    z = kernel.sample(kernel.initial_params)
+    gaps, scales = [], []
+    for _ in range(400):
+        z = kernel.sample(z)
+        state = kernel.state
+        ahead = adaptation.to_theta(state.adapt_state.preconditioner, state.rule_state.position)
+        gaps.append(float((ahead - z["x"]).abs().max()))
+        scales.append(state.adapt_state.preconditioner.scale.reshape(-1).clone().numpy())
+    changes = np.abs(np.diff(np.log(np.array(scales)), axis=0)).max(axis=1)
+    assert changes.max() > np.log(2)  # the warm-up did rescale a coordinate by more than 2x
+    assert max(gaps[100:]) < 2.0
