@@ -2,6 +2,7 @@
 where the model is undefined is undone rather than absorbing the chain."""
 
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -190,15 +191,15 @@ REGRESSION_X = np.random.default_rng(0).normal(size=(1000, 2)).astype(np.float32
 REGRESSION_Y = (REGRESSION_X @ np.array([1.0, -2.0]) + np.random.default_rng(1).normal(size=1000)).astype(np.float32)
 
 
-def regression_numpyro(X, y):
+def regression_numpyro(X, y, batch_size=50):
     w = numpyro.sample("w", np_dist.Normal(0.0, 10.0).expand([2]).to_event(1))
-    with numpyro.plate("data", X.shape[0], subsample_size=50) as idx:
+    with numpyro.plate("data", X.shape[0], subsample_size=batch_size) as idx:
         numpyro.sample("y", np_dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
 
 
-def regression_pyro(X, y):
+def regression_pyro(X, y, batch_size=50):
     w = pyro.sample("w", pyro_dist.Normal(0.0, 10.0).expand([2]).to_event(1))
-    with pyro.plate("data", X.shape[0], subsample_size=50) as idx:
+    with pyro.plate("data", X.shape[0], subsample_size=batch_size) as idx:
         pyro.sample("y", pyro_dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
 
 
@@ -236,18 +237,6 @@ def rare_feature_data(rare):
     return X, y
 
 
-def rare_numpyro(X, y):
-    w = numpyro.sample("w", np_dist.Normal(0.0, 10.0).expand([2]).to_event(1))
-    with numpyro.plate("data", X.shape[0], subsample_size=10) as idx:
-        numpyro.sample("y", np_dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
-
-
-def rare_pyro(X, y):
-    w = pyro.sample("w", pyro_dist.Normal(0.0, 10.0).expand([2]).to_event(1))
-    with pyro.plate("data", X.shape[0], subsample_size=10) as idx:
-        pyro.sample("y", pyro_dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
-
-
 @pytest.mark.parametrize("rare", [True, False], ids=["rare feature", "dense features"])
 def test_changing_preconditioner_warning(rare):
     """pSGLD drops the correction term of its changing preconditioner. A feature present in one row of 3000
@@ -258,12 +247,14 @@ def test_changing_preconditioner_warning(rare):
     silent on the passing cells.)"""
     X, y = rare_feature_data(rare)
     start = {"w": np.array([1.0, -2.0], np.float32)}
-    kernel = np_backend.PSGLD(rare_numpyro, step_size=1e-4, init_strategy=init_to_value(values=start))
+    model = partial(regression_numpyro, batch_size=10)
+    kernel = np_backend.PSGLD(model, step_size=1e-4, init_strategy=init_to_value(values=start))
     mcmc = MCMC(kernel, num_warmup=0, num_samples=4100, progress_bar=False)
     _, messages = quiet(lambda: mcmc.run(jax.random.PRNGKey(0), X, y))
     assert any(PRECONDITIONER in m for m in messages) == rare, messages
     pyro.set_rng_seed(0)
-    mcmc = pyro.infer.MCMC(pyro_backend.PSGLD(rare_pyro, step_size=1e-4), warmup_steps=0, num_samples=4100,
+    kernel = pyro_backend.PSGLD(partial(regression_pyro, batch_size=10), step_size=1e-4)
+    mcmc = pyro.infer.MCMC(kernel, warmup_steps=0, num_samples=4100,
                            disable_progbar=True, initial_params={"w": torch.from_numpy(start["w"])})  # fmt: skip
     _, messages = quiet(lambda: mcmc.run(torch.from_numpy(X), torch.from_numpy(y)))
     assert any(PRECONDITIONER in m for m in messages) == rare, messages
