@@ -486,6 +486,7 @@ class Algorithm:
             step_size = adaptation.tuned_step_size(
                 variance, self._target_noise_ratio, self.temperature_at(0), self._step_cap(rule_state) / curvature
             )
+        rule_state = self._place_rule_state(rule_state, adaptation.to_u(pre, position))
         return adaptation.adapt_init(pre, step_size, curvature, position, energy), rule_state
 
     def _move(self, position: Any, rule_state: Any, grad_fn: Callable[[Any], Any], noise: Any, step_size: Any,
@@ -547,9 +548,16 @@ class Algorithm:
         noise_state = noise_state._replace(count=xp.where(off, xp.full_like(noise_state.count, -1), noise_state.count))
         return adapt_state, noise_state, rule_state, position
 
+    def _place_rule_state(self, rule_state: Any, u: Any) -> Any:
+        """The rule's state of a chain at ``u`` in the rule's coordinates: unchanged, but for a rule that keeps
+        its own position (CSGLD), which the rule's ``init`` set in the model's coordinates."""
+        return rule_state
+
     def _restart_rule_state(self, rule_state: Any, u: Any, fresh_noise: Any, i: Any) -> Any:
-        """The rule's state of a chain restarted at ``u`` (the rule's coordinates) during the warm-up: a
-        momentum redrawn (:func:`~ppl_sgmcmc.rules.refresh_momentum`), the rest kept."""
+        """The rule's state of a chain restarted at ``u`` (the rule's coordinates) during the warm-up: placed
+        there (:meth:`_place_rule_state`), a momentum redrawn (:func:`~ppl_sgmcmc.rules.refresh_momentum`), the
+        rest kept."""
+        rule_state = self._place_rule_state(rule_state, u)
         if has_momentum(rule_state):
             return refresh_momentum(rule_state, fresh_noise, self.temperature_at(i))
         return rule_state
@@ -1037,9 +1045,9 @@ class CSGLD(Algorithm):
     rule = csgld_rule
     sample_stats_fields = ("log_weight", "partition")
 
-    def _restart_rule_state(self, rule_state: Any, u: Any, fresh_noise: Any, i: Any) -> Any:
-        """The integrator's own position (one move ahead of the sample) at ``u``, a CSGHMC momentum redrawn."""
-        return super()._restart_rule_state(rule_state, u, fresh_noise, i)._replace(position=u)
+    def _place_rule_state(self, rule_state: Any, u: Any) -> Any:
+        """The integrator's own position (one move ahead of the sample) at ``u``."""
+        return rule_state._replace(position=u)
 
     def _rescale_rule_state(self, rule_state: Any, factor: Any) -> Any:
         """The integrator's own position (one move ahead of the sample) in the rescaled coordinates, ``u ⊘ factor``:

@@ -458,7 +458,8 @@ def test_sgfs_refuses_latents_outside_the_likelihood():
 def test_integrator_position_follows_the_warmups_rescalings(make):
     """As on NumPyro (``tests/numpyro/test_csgld.py``): when the warm-up rescales the preconditioned coordinates
     (a Student-t target, rescalings by 0.05-0.5), the integrator's own position is rescaled with them and stays
-    one move from the sample."""
+    one move from the sample. (Where it starts, ``L⁻¹ θ_0``, is set by the same ``Algorithm._initial_adaptation`` on
+    both backends and checked exactly on NumPyro.)"""
     from ppl_sgmcmc import adaptation
 
     def energy(z):
