@@ -580,7 +580,7 @@ def tuned_step_size(noise_variance: Array, target: Any, temperature: Any, max_st
     xp = array_namespace(noise_variance)
     largest = xp.max(noise_variance)
     h = 2 * temperature * target / xp.where(largest > 0, largest, xp.ones_like(largest))
-    return xp.where((largest > 0) & (h < max_step_size), h, xp.asarray(max_step_size, dtype=largest.dtype))
+    return xp.where((largest > 0) & (h < max_step_size), h, xp.full_like(largest, max_step_size))
 
 
 # --- one warm-up step ------------------------------------------------------------------------------------
@@ -782,7 +782,8 @@ def adapt_step(
     noise_count = state.noise_count + xp.astype(valid, state.noise_count.dtype)
     closes_slow = xp.any(schedule_ends[1:-1] == step_index + 1)
     closes_window = in_warmup & xp.any(schedule_ends == step_index + 1)
-    retune_every = xp.maximum(xp.astype(schedule_ends[-1], dtype) * RETUNE_FRACTION, xp.asarray(MIN_WINDOW, dtype=dtype))
+    warmup_steps = xp.astype(schedule_ends[-1], dtype)
+    retune_every = xp.maximum(warmup_steps * RETUNE_FRACTION, xp.full_like(warmup_steps, MIN_WINDOW))
     closes = in_warmup & (xp.any(schedule_ends == step_index + 1) | (xp.astype(noise_count, dtype) >= retune_every))
     one = xp.ones_like(u)
     factor = one
@@ -816,7 +817,7 @@ def adapt_step(
     noise_count = xp.where(closes, xp.zeros_like(noise_count), noise_count)
     window_index = state.window_index + xp.astype(closes_window, state.window_index.dtype)
     ordinary = in_warmup & ~ran_off(state, energy)
-    level = state.energy_level + (xp.asarray(energy, dtype=dtype) - state.energy_level) / HORIZON
+    level = state.energy_level + (xp.asarray(energy, dtype=dtype, device=device(u)) - state.energy_level) / HORIZON
     energy_level = xp.where(ordinary, level, state.energy_level)
     restore = xp.where(closes_window, theta, state.restore)
     new = AdaptState(preconditioner, step_size, curvature, moments, noise_sum, noise_count, noise_peak, window_index,

@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, device
 
 from ppl_sgmcmc import _checks, adaptation, gradients, noise
 from ppl_sgmcmc.rules import csgld as csgld_rule
@@ -418,7 +418,7 @@ class Algorithm:
         xp = array_namespace(health_state.low)
         start = health_state.anchor_step
         change = self._preconditioner_change(health_state.low, health_state.high, start)
-        return xp.where(start >= self._num_warmup_steps, change, xp.asarray(math.nan, dtype=health_state.low.dtype))
+        return xp.where(start >= self._num_warmup_steps, change, xp.full_like(change, math.nan))
 
     def _step_cap(self, rule_state: Any) -> Any:
         """The cap of a tuned step size at unit curvature: :attr:`max_step_size` (pSGLD scales it by its
@@ -831,8 +831,8 @@ class PSGLD(Algorithm):
         xp = array_namespace(low)
         eps = self._options["eps"]
         change = xp.max((eps + xp.sqrt(high)) / (eps + xp.sqrt(low)))
-        settled = xp.asarray(start, dtype=low.dtype) >= 10 / (1 - self._options["alpha"])
-        return xp.where(settled, change, xp.asarray(math.nan, dtype=low.dtype))
+        settled = xp.asarray(start, dtype=low.dtype, device=device(low)) >= 10 / (1 - self._options["alpha"])
+        return xp.where(settled, change, xp.full_like(change, math.nan))
 
     def _step_cap(self, rule_state: Any) -> Any:
         """:attr:`max_step_size` for the preconditioned step ``h G``."""

@@ -17,7 +17,7 @@ import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, device
 
 #: A run in which more than this fraction of the steps so far was rejected is reported (from
 #: :data:`MIN_STEPS` steps on).
@@ -72,24 +72,24 @@ def check(
         >>> flags.tolist()
         [True, True, False, True, False]
     """
-    xp = array_namespace(position)
-    dtype = position.dtype
-    h = xp.asarray(step_size, dtype=dtype)
-    steps = xp.asarray(i, dtype=dtype)
-    rejected = xp.asarray(num_diverging, dtype=dtype)
+    xp, dtype, dev = array_namespace(position), position.dtype, device(position)
+    h = xp.asarray(step_size, dtype=dtype, device=dev)
+    steps = xp.asarray(i, dtype=dtype, device=dev)
+    rejected = xp.asarray(num_diverging, dtype=dtype, device=dev)
     leaves = [position] + [leaf for leaf in rule_state if leaf is not None and hasattr(leaf, "shape")]
     largest = xp.max(xp.stack([xp.astype(xp.max(xp.abs(xp.reshape(leaf, (-1,)))), dtype) for leaf in leaves if leaf.size]))
-    ratio = xp.asarray(noise_ratio, dtype=dtype)
+    ratio = xp.asarray(noise_ratio, dtype=dtype, device=dev)
+    restarted = xp.asarray(restarts, dtype=dtype, device=dev)
     flags = xp.stack(
         [
             ~(h > 0),  # NaN, zero or negative (+inf is SGFS's α = 0)
             (steps >= MIN_STEPS) & (rejected > REJECTED_FRACTION * steps),
             largest > RUNAWAY,
             ratio > noise_limit,  # NaN: not measured
-            xp.asarray(restarts, dtype=dtype) > 0,
+            restarted > 0,
         ]
     )
-    return flags, xp.stack([h, steps, rejected, largest, ratio, xp.asarray(restarts, dtype=dtype)])
+    return flags, xp.stack([h, steps, rejected, largest, ratio, restarted])
 
 
 def passed_power_of_two(before: Any, after: Any) -> Any:
@@ -138,15 +138,15 @@ def init(like: Any, tracked: Any = None) -> HealthState:
         >>> health.init(jnp.zeros(3)).flags.tolist()
         [False, False, False, False, False, False, False]
     """
-    xp = array_namespace(like)
+    xp, dev = array_namespace(like), device(like)
     low = high = None
     if tracked is not None:
         low, high = _empty_range(tracked)
     return HealthState(
-        xp.zeros((len(KINDS),), dtype=xp.bool),
-        xp.zeros((len(KINDS), len(VALUES)), dtype=like.dtype),
+        xp.zeros((len(KINDS),), dtype=xp.bool, device=dev),
+        xp.zeros((len(KINDS), len(VALUES)), dtype=like.dtype, device=dev),
         like,
-        xp.zeros((), dtype=like.dtype),
+        xp.zeros((), dtype=like.dtype, device=dev),
         low,
         high,
     )
@@ -207,11 +207,11 @@ def update(
     """
     xp = array_namespace(position)
     flags, values = check(i, num_diverging, step_size, position, rule_state, noise_ratio, noise_limit, restarts)
-    steps = xp.asarray(i, dtype=position.dtype)
+    steps = xp.asarray(i, dtype=position.dtype, device=device(position))
     since = steps - state.anchor_step
     moved = xp.max(xp.abs(position - state.anchor))
     frozen = (since >= FROZEN_STEPS) & (moved <= FROZEN_TOLERANCE * (1 + xp.max(xp.abs(state.anchor))))
-    change = xp.asarray(preconditioner_change, dtype=position.dtype)
+    change = xp.asarray(preconditioner_change, dtype=position.dtype, device=device(position))
     flags = xp.concat([flags, xp.stack([frozen, change > PRECONDITIONER_CHANGE])])
     values = xp.concat([values, xp.stack([since, change])])
     first = flags & ~state.flags  # the kinds failing for the first time keep this check's values

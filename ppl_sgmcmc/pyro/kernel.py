@@ -298,7 +298,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     def setup(self, warmup_steps, *args, **kwargs):
         """Start a chain on the model's arguments: read the model's structure from a prototype trace,
         find initial values (unless ``initial_params`` were set), check the full-data view, and seed the
-        chain's generator from Pyro's global RNG. ``warmup_steps`` draws are burn-in.
+        chain's generator from Pyro's global RNG. The seed is drawn first, from the CPU generator, before the
+        model runs: its draws use the generator of the device they run on, so the seed, and with it the chain
+        from a given start, is the same whether the model lives on the CPU or a GPU. ``warmup_steps`` draws
+        are burn-in.
 
         :param warmup_steps: the number of warm-up draws (discarded; they adapt the step size and the
             preconditioner when ``step_size`` was not given).
@@ -320,6 +323,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """
         name = self.name
         _check_one_process(name)
+        seed = int(torch.randint(0, 2**62, ()))
         resume = self._resume_from  # a chain to continue (`resume_from`), consumed once set up
         self._warmup_steps = warmup_steps
         # the algorithm's warm-up windows are the chain's own (in steps), also when it continues without a warm-up
@@ -356,14 +360,14 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             flat = target.layout.ravel(self._initial_params).to(torch.get_default_dtype())
             generator = torch.Generator().manual_seed(0)
             batch, _ = target.draw(generator, target.init_batch(generator))
-            near = flat + 0.01 * torch.randn(flat.shape, generator=generator, dtype=flat.dtype)  # not a special point
+            near = flat + 0.01 * torch.randn(flat.shape, generator=generator, dtype=flat.dtype).to(flat.device)  # not special
             rows = target._eager_gradient(near, batch, "per_example").per_example  # once: not worth compiling
             layout = target.layout
-            self._check_scores(rows.detach(), [name for name in layout.names for _ in range(layout.shapes[name].numel())])
+            self._check_scores(rows.detach().cpu(), [name for name in layout.names for _ in range(layout.shapes[name].numel())])
         self._target = target
         self.transforms = target.transforms
         self._initial_deterministic = target.check_full_data(target.layout.ravel(self._initial_params))
-        self._generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
+        self._generator = torch.Generator().manual_seed(seed)
         self._state = None
         self._draws = 0
         self._health = health.Reporter(name)

@@ -559,7 +559,7 @@ class ModelTarget:
                 grad = _grad(prior, x, retain_graph=True) + grad_data
                 eye = torch.eye(per_datum.shape[0], dtype=per_datum.dtype, device=per_datum.device)
                 (rows,) = torch.autograd.grad(per_datum, x, grad_outputs=eye, is_grads_batched=True, allow_unused=True)
-                rows = torch.zeros(per_datum.shape + x.shape, dtype=x.dtype) if rows is None else rows
+                rows = torch.zeros(per_datum.shape + x.shape, dtype=x.dtype, device=x.device) if rows is None else rows
                 return energy.detach(), grad, -grad_data / self.data_size, rows
             prior, data = self.energies(x, batch, model_args, model_kwargs)
             energy = prior + data
@@ -658,7 +658,7 @@ class ModelTarget:
 
         def check(compiled):
             generator = torch.Generator().manual_seed(0)
-            noise = torch.randn(flat.shape, generator=generator, dtype=flat.dtype)
+            noise = torch.randn(flat.shape, generator=generator, dtype=flat.dtype).to(flat.device)
             for point in (flat, flat + 0.1 * noise):
                 got = compiled(point, *batch_tensors, *self._arg_tensors)
                 if key[0] == "gradient":

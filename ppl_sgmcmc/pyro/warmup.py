@@ -167,9 +167,9 @@ def largest_curvature(target: Any, flat: torch.Tensor, batches: list[Any], scale
         >>> round(float(largest_curvature(target, torch.zeros(2), [None], torch.ones(2), torch.Generator().manual_seed(0))), 3)
         3.0
     """
-    v = torch.randn(flat.shape, generator=generator, dtype=flat.dtype)
+    v = torch.randn(flat.shape, generator=generator, dtype=flat.dtype).to(flat.device)
     v = v / v.norm()
-    rayleigh = torch.zeros((), dtype=flat.dtype)
+    rayleigh = torch.zeros((), dtype=flat.dtype, device=flat.device)
     for iteration in range(POWER_ITERATIONS):
         w = scale * _hvp(target, flat, batches[iteration % len(batches)], scale * v)[1]
         rayleigh = torch.dot(v, w)

@@ -161,29 +161,28 @@ def init(
         >>> csgld.init(x, noise, num_partitions=4, energy_min=0.0, energy_gap=1.0, integrator="splitting").momentum.tolist()
         [0.5, -0.5]
     """
-    xp = array_namespace(position)
-    dtype = position.dtype
+    xp, dtype, dev = array_namespace(position), position.dtype, device(position)
     _check_calibration(energy_min, energy_gap, calibration_steps)
 
     def scalar(value):
-        return xp.asarray(value, dtype=dtype)
+        return xp.asarray(value, dtype=dtype, device=dev)
 
     momentum = None if integrator == "langevin" else temperature**0.5 * noise
     return CSGLDState(
         position=position,
         momentum=momentum,
         theta=(
-            xp.full((num_partitions,), 1.0 / num_partitions, dtype=dtype)
+            xp.full((num_partitions,), 1.0 / num_partitions, dtype=dtype, device=dev)
             if initial_theta is None
-            else xp.asarray(initial_theta, dtype=dtype, device=device(position))
+            else xp.asarray(initial_theta, dtype=dtype, device=dev)
         ),
         energy_min=scalar(0.0 if energy_min is None else energy_min),
         energy_gap=scalar(1.0 if energy_gap is None else energy_gap),
         energy_mean=scalar(0.0),
         energy_m2=scalar(0.0),
-        count=xp.asarray(0, dtype=xp.int32),
+        count=xp.asarray(0, dtype=xp.int32, device=dev),
         log_weight=scalar(0.0),
-        partition=xp.asarray(0, dtype=xp.int32),
+        partition=xp.asarray(0, dtype=xp.int32, device=dev),
         multiplier=scalar(1.0),
     )
 
@@ -329,9 +328,8 @@ def _contour(
     temperature,
 ):
     """Grid, index, SA update of ``θ``, log weight and gradient multiplier at a point of minibatch energy ``energy``."""
-    xp = array_namespace(state.theta)
-    dtype = state.theta.dtype
-    energy = xp.asarray(energy, dtype=dtype)
+    xp, dtype, dev = array_namespace(state.theta), state.theta.dtype, device(state.theta)
+    energy = xp.asarray(energy, dtype=dtype, device=dev)
     # a non-finite energy makes the kernel reject the step; keep the index arithmetic finite meanwhile
     energy = xp.where(xp.isfinite(energy), energy, state.energy_min)
     u_min, gap, mean, m2 = _grid(energy, state, energy_min, energy_gap, calibration_steps)
@@ -340,7 +338,7 @@ def _contour(
     j = xp.clip(raw, 0, num_partitions - 1)
     above = raw > num_partitions - 1  # beyond the grid's end u_min + m Δu: Ψ flat at θ(m-1)
     j_prev = xp.maximum(j - 1, xp.zeros_like(j))
-    bins = xp.arange(num_partitions, dtype=dtype)
+    bins = xp.arange(num_partitions, dtype=dtype, device=dev)
     onehot = xp.astype(bins == j, dtype)
     onehot_prev = xp.astype(bins == j_prev, dtype)
 
@@ -349,7 +347,7 @@ def _contour(
     updates = xp.astype(state.count - calibration_steps + 1, dtype)
     omega = sa_step_size(xp.maximum(updates, xp.ones_like(updates))) if callable(sa_step_size) else sa_step_size
     theta_j = xp.sum(theta * onehot)
-    stepped = xp.maximum(theta + omega * theta_j**zeta * (onehot - theta), xp.asarray(xp.finfo(dtype).tiny, dtype=dtype))
+    stepped = xp.maximum(theta + omega * theta_j**zeta * (onehot - theta), xp.full_like(theta, xp.finfo(dtype).tiny))
     adapting = updates >= 1
     if adaptation_steps is not None:
         adapting = adapting & (state.count < adaptation_steps)

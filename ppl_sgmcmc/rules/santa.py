@@ -45,7 +45,7 @@ decay ``1 - h ξ`` that starts where the exploration left it.
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, device
 
 from ppl_sgmcmc.rules import rms
 from ppl_sgmcmc.rules._types import Array
@@ -139,7 +139,7 @@ def init(position, noise, initial_thermostat=5.0, inverse_temperature=1.0, data_
         [30.0, 30.0]
     """
     xp = array_namespace(position)
-    thermostat = xp.full(position.shape, initial_thermostat * data_size**0.5, dtype=position.dtype)
+    thermostat = xp.full(position.shape, initial_thermostat * data_size**0.5, dtype=position.dtype, device=device(position))
     return SantaState((1 / inverse_temperature) ** 0.5 * noise, thermostat, rms.init(position))
 
 
@@ -187,7 +187,7 @@ def step(
     previous = xp.where(square_avg == 0, scaled * scaled, square_avg)
     square_avg = rms.update(previous, scaled, decay)
     g_previous, g = preconditioner(previous, eps), preconditioner(square_avg, eps)
-    exploring = xp.asarray(step_index < num_exploration)
+    exploring = xp.asarray(step_index < num_exploration, device=device(position))
     temperature = xp.astype(exploring, position.dtype) / inverse_temperature  # T_t; 0 in refinement
     thermostat = thermostat + step_size * (momentum * momentum - temperature)
     momentum = (

@@ -21,7 +21,7 @@ Symmetric splitting A-B-O-B-A (second order, one gradient per step)::
 
 from typing import NamedTuple
 
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, device
 
 from ppl_sgmcmc.rules._types import Array
 
@@ -115,7 +115,7 @@ def splitting(position, momentum, grad_fn, noise, step_size, friction, diffusion
     """
     xp = array_namespace(position)
     half = step_size / 2
-    damping = xp.exp(xp.asarray(-friction * half))
+    damping = xp.exp(xp.asarray(-friction * half, device=device(position)))
     position = position + half * momentum
     momentum = damping * momentum
     gradient = grad_fn(position)

@@ -24,7 +24,7 @@ The ``(θ, p)`` moves are those of :mod:`ppl_sgmcmc.rules.sghmc` with the thermo
 
 from typing import NamedTuple
 
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, device
 
 from ppl_sgmcmc.rules import sghmc
 from ppl_sgmcmc.rules._types import Array
@@ -86,7 +86,7 @@ def init(position, noise, diffusion, multivariate=True, temperature=1.0):
     """
     xp = array_namespace(position)
     shape = position.shape if multivariate else ()
-    thermostat = xp.full(shape, diffusion, dtype=position.dtype)
+    thermostat = xp.full(shape, diffusion, dtype=position.dtype, device=device(position))
     return SGNHTState(temperature**0.5 * noise, thermostat)
 
 

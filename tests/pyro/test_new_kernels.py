@@ -228,7 +228,9 @@ def test_per_example_scores_are_per_datum_gradients(compiled):
 
 def test_sgfs_full_matches_the_exact_gaussian_posterior():
     """Conjugate linear regression (known noise): SGFS-f at α = 0 samples ``N(θ̂, I_N⁻¹)`` ≈ the exact
-    posterior; mean within 5 MC standard errors, covariance within 25%."""
+    posterior; mean within 5 MC standard errors, covariance within 25%. From the approximate mode
+    (``find_mode``), as the defaults start: from ``init_to_uniform``'s point, 200 warm-up draws leave the chain
+    20-40 posterior sd from the mode for some seeds, and the kept draws then hold its approach."""
     g = torch.Generator().manual_seed(3)
     N, noise = 1000, 0.5
     X = torch.randn(N, 2, generator=g)
@@ -239,7 +241,7 @@ def test_sgfs_full_matches_the_exact_gaussian_posterior():
         with pyro.plate("data", N, subsample_size=100):
             pyro.sample("y", dist.Normal(pyro.subsample(X, event_dim=1) @ w, noise), obs=pyro.subsample(y, event_dim=0))
 
-    mcmc = MCMC(SGFS(model, alpha=0.0), warmup_steps=200, num_samples=3000, disable_progbar=True)
+    mcmc = MCMC(SGFS(model, alpha=0.0, find_mode=True), warmup_steps=200, num_samples=3000, disable_progbar=True)
     mcmc.run(X, y)
     w = mcmc.get_samples()["w"].double().numpy()
     X64, y64 = X.double().numpy(), y.double().numpy()
