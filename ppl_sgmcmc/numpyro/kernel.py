@@ -5,6 +5,7 @@ validated hyper-parameters; everything else is here.
 """
 
 import contextlib
+import os
 import warnings
 from functools import partial
 from typing import Any, NamedTuple
@@ -125,6 +126,21 @@ def _draw_keys(rng_key, size):
         return key, key_draw
 
     return lax.scan(body, rng_key, None, length=size)[1]
+
+
+def _check_host_platform(kernel):
+    """Refuse to start without JAX's CPU platform (``JAX_PLATFORMS=cuda``): the chain's health report, the
+    in-loop progress bar and streamed rows are host callbacks, which JAX runs through it; without it the run
+    fails inside the compiled loop with an error that names no setting."""
+    try:
+        jax.devices("cpu")
+    except RuntimeError:
+        raise RuntimeError(
+            f"{kernel}: JAX runs without its CPU platform (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r}), "
+            "but the kernel reports the chain's health from inside the compiled loop through host callbacks, "
+            "which need it. Add it: JAX_PLATFORMS=cuda,cpu (or leave JAX_PLATFORMS unset; "
+            "`numpyro.set_platform('gpu')` keeps it)."
+        ) from None
 
 
 def _all_finite(tree):
@@ -357,6 +373,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             (0, [1.0, 1.0], 1.0)
         """
         name = self.name
+        _check_host_platform(name)
         self._set_warmup(num_warmup)
         # NumPyro traces `init` under `pmap` for parallel chains: the checks below are then evaluated, not traced
         traced = isinstance(rng_key, jax.core.Tracer)

@@ -271,3 +271,19 @@ def test_local_latent_error_points_at_local_gibbs_sites(logistic_data):
 
     with pytest.raises(NotImplementedError, match=r"Marginalise .* local Gibbs site: `gibbs_sites=\['u'\], gibbs_fn="):
         run(SGLD(model, step_size=1e-3), *logistic_data)
+
+
+def test_a_run_without_the_cpu_platform_is_refused(monkeypatch):
+    """``JAX_PLATFORMS=cuda`` leaves JAX no CPU platform, which the in-loop host callbacks (the health report)
+    need: the kernel refuses to start and names the setting, instead of failing inside the compiled loop."""
+    devices = jax.devices
+
+    def no_cpu(backend=None):
+        if backend == "cpu":
+            raise RuntimeError("Unknown backend cpu")
+        return devices(backend)
+
+    monkeypatch.setattr(jax, "devices", no_cpu)
+    kernel = SGLD(potential_fn=lambda z: jnp.sum(z["x"] ** 2), step_size=0.1)
+    with pytest.raises(RuntimeError, match="JAX_PLATFORMS=cuda,cpu"):
+        kernel.init(jax.random.PRNGKey(0), 0, {"x": jnp.ones(2)})
