@@ -592,8 +592,9 @@ def run_target(target: Target, kernels: list[str], grid: bool, points: int,
 
 
 def save_entry(out: Path, name: str, entry: dict[str, Any], quick: bool) -> dict[str, Any]:
-    """Merge a target's ``entry`` into the results file ``out`` (the cells of other kernels and targets kept; the
-    file locked while it is read and written, so that runs of other targets or kernels may share it)."""
+    """Merge a target's ``entry`` into the results file ``out`` (the cells of other kernels and targets, and a
+    kernel's cells that the run did not make, kept; the file locked while it is read and written, so that runs
+    of other targets or kernels may share it)."""
     with open(out, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         text = out.read_text()
@@ -602,6 +603,8 @@ def save_entry(out: Path, name: str, entry: dict[str, Any], quick: bool) -> dict
         merged = {**previous, **entry}
         for key in ("kernels", "grid_scales", "grid_points"):
             merged[key] = {**previous.get(key, {}), **entry[key]}
+        for kernel, cells in entry["kernels"].items():  # a run with --no-grid keeps the kernel's hand-set cells
+            merged["kernels"][kernel] = {**previous.get("kernels", {}).get(kernel, {}), **cells}
         results["targets"][name] = merged
         results["settings"] = {"date": datetime.date.today().isoformat(), "machine": machine(),
                                "jax": jax.__version__, "numpyro": numpyro.__version__, "quick": quick}  # fmt: skip

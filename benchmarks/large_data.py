@@ -83,7 +83,9 @@ for _ in range(REPEATS):
     state = jax.block_until_ready(run(state, (X, y), STEPS))
     times.append(time.perf_counter() - start)
 rate = STEPS / min(times)
-print(json.dumps(dict(steps_per_s=rate, peak_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, **memory())))
+peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+print(json.dumps(dict(steps_per_s=rate, peak_gb=peak_gb, platform=jax.default_backend(), devices=len(jax.devices()),
+                      **memory())))
 """
 
 
@@ -106,12 +108,21 @@ def write_data(directory: Path, rows: int) -> tuple[Path, Path]:
 
 
 def measure(layout: str, paths: tuple[Path, Path], devices: int = 1) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=os.getcwd(), XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     out = subprocess.run(
         [sys.executable, "-c", CHILD, layout, *map(str, paths), str(devices)],
-        capture_output=True, text=True, env=env, check=True,
+        capture_output=True, text=True, env=env,
     )  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"the {layout!r} measurement failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def platform() -> str:
+    """The platform JAX computes on in the children (asked in a subprocess: this process never imports JAX)."""
+    code = "import jax; print(jax.default_backend(), jax.devices()[0].device_kind)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def main() -> None:
@@ -123,7 +134,7 @@ def main() -> None:
     directory = args.dir or Path(tempfile.mkdtemp(prefix="large_data_"))
     directory.mkdir(parents=True, exist_ok=True)
     sizes = [10**k for k in range(5, 9) if 10**k <= args.max_rows]
-    print(f"data in {directory}; d = {D}, n = {BATCH}, SGLD, {STEPS} timed steps\n")
+    print(f"data in {directory}; d = {D}, n = {BATCH}, SGLD, {STEPS} timed steps; JAX platform {platform()}\n")
     print("| N | file (GB) | layout | steps/s | private (GB) | file-backed (GB) | peak (GB) |")
     print("|---:|---:|---|---:|---:|---:|---:|")
     for rows in sizes:
@@ -143,6 +154,9 @@ def main() -> None:
     paths = write_data(directory, 10**6)
     for devices in (1, 2, 4):
         row = measure("sharded", paths, devices)
+        if row["devices"] < devices:  # a GPU backend has the devices it has (the flag forces CPU devices only)
+            print(f"| {devices}: only {row['devices']} {row['platform']} device(s) | | |")
+            break
         print(f"| {devices} | {row['steps_per_s']:,.0f} | {row['RssAnon']:.2f} |", flush=True)
 
 

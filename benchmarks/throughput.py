@@ -937,6 +937,7 @@ def machine_info():
         blackjax=blackjax.__version__,
         xla_flags=os.environ.get("XLA_FLAGS", "(unset)"),
         backend=jax.default_backend(),
+        device=jax.devices()[0].device_kind,
         date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         load=" ".join(f"{x:.2f}" for x in os.getloadavg()),
     )
