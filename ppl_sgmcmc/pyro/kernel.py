@@ -360,7 +360,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             flat = target.layout.ravel(self._initial_params).to(torch.get_default_dtype())
             generator = torch.Generator().manual_seed(0)
             batch, _ = target.draw(generator, target.init_batch(generator))
-            near = flat + 0.01 * torch.randn(flat.shape, generator=generator, dtype=flat.dtype).to(flat.device)  # not special
+            offset = torch.randn(flat.shape, generator=generator, dtype=flat.dtype).to(flat.device)
+            near = flat + 0.01 * offset  # not a special point
             rows = target._eager_gradient(near, batch, "per_example").per_example  # once: not worth compiling
             layout = target.layout
             self._check_scores(rows.detach().cpu(), [name for name in layout.names for _ in range(layout.shapes[name].numel())])
