@@ -351,6 +351,31 @@ class Algorithm:
         """The temperature ``τ`` at step ``i``."""
         return self._temperature(i) if callable(self._temperature) else self._temperature
 
+    def _same_step_after_warmup(self) -> bool:
+        """Whether every step after the warm-up applies one function to the chain's arrays, which a backend may
+        then compile once: a fixed step size (given or tuned), no schedule of a hyper-parameter, a temperature
+        that does not change along the chain (Santa's anneals), a rule that does not read the step index, and
+        the plain minibatch estimator (the variance-reduced ones keep a centre that a backend may move).
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.pyro import SGLD, Santa
+            >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1)._same_step_after_warmup()
+            True
+            >>> SGLD(potential_fn=lambda z: 0.0, step_size=lambda t: 0.1 / (1 + t))._same_step_after_warmup()
+            False
+            >>> Santa(potential_fn=lambda z: 0.0, step_size=0.1)._same_step_after_warmup()
+            False
+        """
+        hyper = self.hyperparameters()
+        return not (
+            callable(self._step_size)
+            or any(callable(hyper.get(key)) for key in self.schedulable)
+            or type(self).temperature_at is not Algorithm.temperature_at
+            or "step_index" in call_kwargs(self.rule.step, {"step_index": None})
+            or self._estimator.name != "minibatch"
+        )
+
     # --- hooks the backends call ------------------------------------------------------------------
     def _set_warmup(self, num_warmup: int, steps: int | None = None) -> None:
         """Record the warm-up of ``num_warmup`` draws (``steps_per_sample`` steps each, unless ``steps`` gives

@@ -10,7 +10,9 @@ Faster Machine Learning Through Dynamic Python Bytecode Transformation and Graph
 ASPLOS 2024). Inductor folds the operations on constants (the prior's parameters, the ``ones_like``
 seeds of the backward pass), drops no-ops, functionalises the in-place writes of a batched backward
 (``is_grads_batched`` fills ``zeros`` buffers through ``copy_`` into views) and fuses what is left
-into C++ loops. Later steps call the compiled graph on new parameters, minibatch indices and data.
+into C++ loops. Later steps call the compiled graph on new parameters, minibatch indices and data. Once the
+steps after the warm-up are all the same, the kernel traces this graph (:attr:`CompiledFunction.traced`) into
+one graph of the whole step, with the update rule's arithmetic (:func:`compile_tensors`).
 
 How much each stage gains is measured in ``benchmarks/pyro_compile.py`` and ``benchmarks/throughput.py``
 (``benchmarks/RESULTS.md``). ``torch.compile`` of the model's Python itself breaks the graph at
@@ -49,11 +51,19 @@ class CompiledFunction:
     """A traced (by default compiled) graph, called without building an autograd graph (it contains
     its own backward). ``copies``: the positions of the outputs returned as copies, because the graph
     returns them in memory shared with an input or with its other calls' outputs (a constant), so
-    that a caller writing into an output changes neither its inputs nor later calls' outputs."""
+    that a caller writing into an output changes neither its inputs nor later calls' outputs.
+    ``traced``: the ``make_fx`` graph before compilation, which a larger trace can call (the kernel's
+    compiled step traces the gradient's graph into its own)."""
 
-    def __init__(self, graph: Callable[..., Sequence[torch.Tensor]], copies: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        graph: Callable[..., Sequence[torch.Tensor]],
+        copies: Sequence[int] = (),
+        traced: torch.fx.GraphModule | None = None,
+    ) -> None:
         self.graph = graph
         self.copies = tuple(copies)
+        self.traced = traced
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         with torch.no_grad():
@@ -159,7 +169,7 @@ def compile_graph(
     as traced) and called twice on the example ``inputs``, which finds the outputs to return as copies.
     Raises what the compiler raises."""
     run = _inductor(graph, inputs) if compile else graph
-    return CompiledFunction(run, _shared_outputs(run, inputs))
+    return CompiledFunction(run, _shared_outputs(run, inputs), graph)
 
 
 def trace(
@@ -252,9 +262,11 @@ def compile_tensors(
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two evaluations of the same quantity agree to float32 round-off."""
+    """Whether two evaluations of the same quantity agree to float32 round-off (NaN agrees with NaN: a noise ratio
+    not yet measured)."""
     if a.shape != b.shape:
         return False
     if b.numel() == 0:
         return True
-    return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * (1.0 + float(b.abs().max()))))
+    scale = float(torch.nan_to_num(b.abs(), nan=0.0, posinf=0.0).max())
+    return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * (1.0 + scale), equal_nan=True))

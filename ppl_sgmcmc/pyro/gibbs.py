@@ -152,6 +152,10 @@ class GibbsTarget(ModelTarget):
             local = {name: _placeholder for name in self.local_sites}
         return super()._run(flat, batch, model_args, model_kwargs, full, log_density, per_datum, local)
 
+    def traced_gradient(self, flat, batch, with_score=False):
+        """``None``: a step's gradient runs the local sites' sweeps (Python), which a larger graph cannot hold."""
+        return None
+
     # --- the traced gradient takes the kept sweeps as inputs ----------------------------------------
     def _batch_tensors(self, batch):
         indices, kept = batch

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.func
+import torch.utils._pytree as pytree
 from pyro.distributions import constraints
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
@@ -24,7 +25,7 @@ from ppl_sgmcmc.pyro import warmup
 from ppl_sgmcmc.pyro.gibbs import GibbsTarget
 from ppl_sgmcmc.pyro.handlers import FullDataModel, as_tensors
 from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
-from ppl_sgmcmc.rules import has_momentum, refresh_momentum
+from ppl_sgmcmc.rules import StochasticGradient, has_momentum, refresh_momentum
 
 __all__ = ["SGMCMCKernel", "SGMCMCState"]
 
@@ -54,6 +55,66 @@ def _noise_ratio_and_variance(variance, count, step_size, temperature):
     """:func:`ppl_sgmcmc.noise.ratio` and :func:`ppl_sgmcmc.noise.trace` of the estimate ``(variance, count)``."""
     estimate = noise.NoiseState(variance, variance, count)
     return noise.ratio(estimate, step_size, temperature), noise.trace(estimate)
+
+
+def _tensor_leaves(tree: Any) -> tuple[list[torch.Tensor], Any] | None:
+    """``(tensors, rebuild)``: the tensor leaves of a pytree and ``rebuild(tensors)``, the tree with them replaced;
+    ``None`` if a leaf is neither a tensor nor ``None`` (a value a traced graph would freeze)."""
+    leaves, spec = pytree.tree_flatten(tree)
+    if not all(leaf is None or isinstance(leaf, torch.Tensor) for leaf in leaves):
+        return None
+    where = [k for k, leaf in enumerate(leaves) if leaf is not None]
+
+    def rebuild(tensors: Any) -> Any:
+        filled = list(leaves)
+        for k, tensor in zip(where, tensors):
+            filled[k] = tensor
+        return pytree.tree_unflatten(filled, spec)
+
+    return [leaves[k] for k in where], rebuild
+
+
+def _finiteness_sum(energy, flat, rule_state):
+    """One reduction whose finiteness accepts a step: a sum is finite only if its terms are (a non-finite gradient
+    reaches the new state)."""
+    total = energy + flat.sum()
+    for leaf in rule_state:
+        if leaf is not None:  # e.g. CSGLD's momentum
+            total = total + leaf.sum()
+    return total
+
+
+class _CompiledStep:
+    """The arithmetic of one step after the warm-up as one compiled graph: the minibatch gradient's traced graph,
+    the rule's move (in the preconditioned coordinates, if any), the sum whose finiteness accepts the step, and
+    the gradient-noise estimate's update for an accepted step. Eager torch runs each of the rule's elementwise
+    operations as its own call and pass over memory; Inductor fuses them with the gradient into one call.
+    The minibatch's indices and the step's normal draw come from the chain's generator outside the graph, so the
+    chain draws what the eager step draws.
+
+    ``graph(flat, noise, *rule state, *adapt state, *noise state, *gradient inputs)`` returns ``(new flat, Ũ_t,
+    finiteness sum, *new noise state, noise ratio, noise variance, *new rule state)`` (the ratio and variance of
+    the updated estimate, which a draw records); ``at_start``: whether the rule took its gradient at the chain's
+    position (where a rejected step returns). The tensors of the rule state it returned and of the adaptation's
+    state are kept, so that the next step does not take the trees apart again."""
+
+    def __init__(self, graph: compile_.CompiledFunction, at_start: bool, rebuild_rule: Any) -> None:
+        self.graph, self.at_start, self.rebuild_rule = graph, at_start, rebuild_rule
+        self._rule: tuple[Any, list[torch.Tensor]] = (None, [])
+        self._adapt: tuple[Any, list[torch.Tensor]] = (None, [])
+
+    @staticmethod
+    def _tensors(tree, kept):
+        return kept[1] if tree is kept[0] else _tensor_leaves(tree)[0]
+
+    def __call__(self, flat, noise_draw, rule_state, adapt_state, noise_state, gradient_inputs):
+        """``(new flat, new rule state, Ũ_t, finiteness sum, noise state after an accepted step, its (noise ratio,
+        noise variance))``."""
+        rule, adapt = self._tensors(rule_state, self._rule), self._tensors(adapt_state, self._adapt)
+        new_flat, energy, total, *rest = self.graph(flat, noise_draw, *rule, *adapt, *noise_state, *gradient_inputs)
+        new_rule = self.rebuild_rule(rest[5:])
+        self._rule, self._adapt = (new_rule, rest[5:]), (adapt_state, adapt)
+        return new_flat, new_rule, energy, total, noise.NoiseState(*rest[:3]), tuple(rest[3:5])
 
 
 class SGMCMCState(NamedTuple):
@@ -124,8 +185,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     :param compile_potential: trace the potential and its gradient once into a graph of tensor
         operations and replay it every step (default; see :mod:`~ppl_sgmcmc.pyro.compile`); falls back
-        to running the model eagerly, with a warning, if the model cannot be traced. ``False`` runs
-        the model through Pyro's handlers every step.
+        to running the model eagerly, with a warning, if the model cannot be traced. Once every step is the
+        same function of the chain's tensors (after an adapting warm-up, with no schedule), the whole step
+        (the gradient, the rule's move, the check that accepts it and the noise estimate) runs as one
+        compiled graph, checked against the eager step before use. ``False`` runs the model through Pyro's
+        handlers every step.
 
     Deterministic sites are evaluated on the full data at every collected (post-warm-up) step and
     returned with the samples.
@@ -421,7 +485,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             diverging |= self._step()
         draw, self._draws = self._draws, self._draws + 1
         z = self._target.layout.unravel(self._flat)
-        ratio, variance = self._noise_summary(self._state)
+        ratio, variance = self._noise_summary(self._state) if self._summary is None else map(float, self._summary)
         self._state = self._state._replace(z=z, diverging=diverging, noise_ratio=ratio, noise_variance=variance)
         if health.passed_power_of_two(self._state.i - self._steps_per_sample, self._state.i):  # log2 times a run
             self._report_health()
@@ -438,6 +502,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite,
         measure the gradient noise and, during the warm-up, adapt. Returns whether the step was rejected."""
         state, flat = self._state, self._flat
+        self._summary = None
         batch, batch_state = self._target.draw(self._generator, state.batch_state)
         gradient_state = state.gradient_state
         if self._epoch_steps is not None and state.i > 0 and state.i % self._epoch_steps == 0:  # a new centre (SVRG)
@@ -447,17 +512,20 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         )
         step_size = float(self.step_size_in(state.adapt_state, state.i))
         noise_draw = self._normal(flat)
-        finite, at_start, gradient = False, False, None
-        if step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
+        finite, at_start, gradient, measured = False, False, None, None
+        compiled = self._compiled_step(state, flat, batch, step_size, noise_draw) if step_size > 0 else None
+        if compiled is not None:
+            gradient_inputs = self._target.traced_gradient(flat, batch, self._score_kind)[1]
+            new_flat, rule_state, new_energy, total, measured, summary = compiled(
+                flat, noise_draw, state.rule_state, state.adapt_state, state.noise, gradient_inputs
+            )
+            finite, at_start = bool(torch.isfinite(total)), compiled.at_start
+        elif step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
             new_flat, rule_state, gradient, at_start = self._move(
                 flat, state.rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state
             )
-            # one reduction: a sum is finite only if its terms are (a non-finite gradient reaches the new state)
-            total = gradient.energy + new_flat.sum()
-            for leaf in rule_state:
-                if leaf is not None:  # e.g. CSGLD's momentum
-                    total = total + leaf.sum()
-            finite = bool(torch.isfinite(total))
+            new_energy = gradient.energy
+            finite = bool(torch.isfinite(_finiteness_sum(new_energy, new_flat, rule_state)))
         # A rejected step of a rule that takes its gradient at the chain's position (SGLD, pSGLD, SGFS, SGRLD)
         # returns to where the last accepted step started, whose gradient was finite: a step that landed where
         # the model is undefined is undone. Other rules keep the position.
@@ -466,8 +534,12 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         noise_state, adapt_state = state.noise, state.adapt_state
         if finite:
             self._flat = new_flat
-            energy, diverging = gradient.energy, False
-            noise_state, term, valid = self._measure_noise(noise_state, gradient, rule_state, True, state.i)
+            energy, diverging = new_energy, False
+            if measured is None:
+                noise_state, term, valid = self._measure_noise(noise_state, gradient, rule_state, True, state.i)
+            else:  # the compiled step measured it; its term serves only the warm-up, which it does not run
+                noise_state, term, valid = measured, None, True
+                self._summary = summary
         else:
             self._flat = flat
             rule_state, energy, diverging = state.rule_state, state.potential_energy, True
@@ -502,6 +574,62 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             state.noise_variance,
         )
         return diverging
+
+    def _compiled_step(self, state, flat, batch, step_size, noise_draw):
+        """The step as one compiled graph (:class:`_CompiledStep`), or ``None``: the step runs eagerly. Compiled
+        once per step size, with ``compile_potential``, once the step is the same at every step
+        (:meth:`~ppl_sgmcmc.algorithms.Algorithm._same_step_after_warmup`, and past an adapting warm-up), for a
+        model whose gradient is a traced graph (not a ``potential_fn``, not a Gibbs step). The first compiled
+        graph is checked against the eager step on this step's inputs; one that disagrees is not used."""
+        if not self._compile or (self.adapts and state.i < self._num_warmup_steps):
+            return None
+        if self._same_step is None:
+            self._same_step = self._same_step_after_warmup()
+        if not self._same_step:
+            return None
+        key = ("step", step_size, self._score_kind)
+        if key not in self._graphs:
+            self._graphs[key] = self._trace_step(state, flat, batch, step_size, noise_draw)
+        return self._graphs[key]
+
+    def _trace_step(self, state, flat, batch, step_size, noise_draw):
+        traced = self._target.traced_gradient(flat, batch, self._score_kind)
+        rule, adapt = _tensor_leaves(state.rule_state), _tensor_leaves(state.adapt_state)
+        if traced is None or rule is None or adapt is None:
+            return None
+        gradient_graph, gradient_inputs = traced
+        (rule_tensors, rebuild_rule), (adapt_tensors, rebuild_adapt) = rule, adapt
+        sizes = [len(rule_tensors), len(adapt_tensors), len(state.noise)]
+        i, found = state.i, {}
+        constants = [torch.as_tensor(value, dtype=flat.dtype, device=flat.device)
+                     for value in (step_size, self.temperature_at(i))]  # fmt: skip
+
+        def step(flat, noise_draw, *tensors):
+            rule_tensors, adapt_tensors = tensors[: sizes[0]], tensors[sizes[0] : sizes[0] + sizes[1]]
+            noise_state = noise.NoiseState(*tensors[sizes[0] + sizes[1] : sum(sizes)])
+
+            def grad_fn(x):
+                energy, grad, *score = gradient_graph(x, *tensors[sum(sizes) :])
+                return StochasticGradient(energy, grad, *(score or [None]))
+
+            new_flat, rule_state, gradient, found["at_start"] = self._move(
+                flat, rebuild_rule(rule_tensors), grad_fn, noise_draw, step_size, i, rebuild_adapt(adapt_tensors)
+            )
+            new_rule = _tensor_leaves(rule_state)
+            found["rebuild"] = new_rule[1]
+            scale = torch.as_tensor(self.noise_scale(rule_state, i), dtype=flat.dtype, device=flat.device)
+            measured, _ = noise.update(noise_state, gradient.grad, scale, True)
+            total = _finiteness_sum(gradient.energy, new_flat, rule_state)
+            summary = _noise_ratio_and_variance(measured.variance, measured.count, *constants)
+            return (new_flat, gradient.energy, total, *measured, *summary, *new_rule[0])
+
+        inputs = (flat, noise_draw, *rule_tensors, *adapt_tensors, *state.noise, *gradient_inputs)
+        graph = compile_.compile_tensors(step, inputs)
+        if graph is None:
+            return None
+        if not all(compile_.close(a, b) for a, b in zip(graph(*inputs), step(*inputs))):
+            return None
+        return _CompiledStep(graph, found["at_start"], found["rebuild"])
 
     def _measure_noise(self, noise_state, gradient, rule_state, accepted, i):
         """:meth:`Algorithm._measure_noise <ppl_sgmcmc.algorithms.Algorithm._measure_noise>`; for an accepted
@@ -684,6 +812,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._flat = None
         self._logging = None
         self._graphs = {}
+        self._same_step = None  # whether a step after the warm-up compiles (_compiled_step), once known
         self._initial_deterministic = {}
         self._warmup_steps = 0
         self._draws = 0

@@ -599,6 +599,15 @@ class ModelTarget:
         energy, grad, *score = compiled(flat, *self._batch_tensors(batch), *self._arg_tensors)
         return StochasticGradient(energy, grad, *(score or [None]))
 
+    def traced_gradient(self, flat, batch, with_score=False):
+        """:meth:`gradient` as ``(graph, inputs)`` for tracing into a larger graph (the kernel's compiled step):
+        the traced, uncompiled graph of ``(flat, *inputs) -> (Ũ_t, ∇Ũ_t[, scores])`` and its tensor inputs
+        besides ``flat`` (the minibatch's and the model's); ``None`` when the potential runs eagerly."""
+        compiled = self._compiled_fn(("gradient", with_score), flat, batch)
+        if compiled is None or compiled.traced is None:
+            return None
+        return compiled.traced, (*self._batch_tensors(batch), *self._arg_tensors)
+
     # --- per-datum scores (SGFS) ---------------------------------------------------------------
     def enable_per_example_scores(self):
         """Check that per-datum scores are defined for this model, for rules with ``PER_EXAMPLE_SCORES``
@@ -765,6 +774,10 @@ class PotentialTarget:
             energy = self.potential_fn(z, batch) if self.stochastic else self.potential_fn(z)
             grad = _grad(energy, x)
         return StochasticGradient(energy.detach(), grad, -grad if with_score else None)
+
+    def traced_gradient(self, flat, batch, with_score=False):
+        """``None``: a ``potential_fn`` runs eagerly."""
+        return None
 
     def deterministic(self, flat):
         """No deterministic sites."""
