@@ -449,6 +449,7 @@ STEP_KERNELS = {
     "SGNHT": lambda: SGNHT(plain, step_size=1e-3),
     "PSGLD": lambda: PSGLD(plain, step_size=1e-4),
     "SGHMC, tuned, dense mass": lambda: SGHMC(plain, dense_mass=True),
+    "SGHMC, rejected steps": lambda: SGHMC(plain, step_size=30.0),
 }
 
 
@@ -456,7 +457,7 @@ STEP_KERNELS = {
 def test_compiled_step_equals_eager(kind, data, monkeypatch):
     """After the warm-up a step is one compiled graph (the gradient's traced graph, the rule's move, the finiteness
     sum and the noise estimate's update: ``_CompiledStep``): the chain, its rule state, the noise estimate and each
-    draw's noise ratio are those of the eager step, draw for draw (the same generator draws). The tuned SGHMC row
+    draw's noise ratio are those of the eager step, draw for draw (the same generator draws), and so are its rejected steps (the last row). The tuned SGHMC row
     runs in the warm-up's preconditioned coordinates, whose preconditioner the graph takes as inputs. The first
     state's ``previous`` and ``variance`` are one tensor, which the trace must keep apart."""
     warmup = 200 if kind.startswith("SGHMC") else 0
@@ -481,10 +482,13 @@ def test_compiled_step_equals_eager(kind, data, monkeypatch):
         return kernel, states
 
     kernel, compiled = run(True)
+    num_diverging = kernel.diagnostics()["num_diverging"]
+    assert (num_diverging > 0) == kind.endswith("rejected steps")
     steps = [graph for key, graph in kernel._graphs.items() if key[0] == "step"]
     assert len(steps) == 1 and isinstance(steps[0].graph, compile_.CompiledFunction)
-    _, eager = run(False)
-    assert int(compiled[-1][-4]) == 6 + warmup  # the noise estimate's count: the first draw's step and the rest
+    eager_kernel, eager = run(False)
+    assert eager_kernel.diagnostics()["num_diverging"] == num_diverging
+    assert int(compiled[-1][-4]) == 6 + warmup - num_diverging  # the noise estimate's count: the first draw's step and the rest
     for a, b in zip(compiled, eager):
         for x, y in zip(a, b):
             torch.testing.assert_close(torch.as_tensor(x), torch.as_tensor(y), rtol=1e-5, atol=1e-6,
