@@ -92,26 +92,31 @@ class _CompiledStep:
     The minibatch's indices and the step's normal draw come from the chain's generator outside the graph, so the
     chain draws what the eager step draws.
 
-    ``graph(flat, noise, *rule state, *adapt state, *noise state, *gradient inputs)`` returns ``(new flat, Ũ_t,
+    ``graph(flat, noise, step size, *rule state, *adapt state, *noise state, *gradient inputs)`` returns ``(new flat, Ũ_t,
     finiteness sum, *new noise state, noise ratio, noise variance, *new rule state)`` (the ratio and variance of
     the updated estimate, which a draw records); ``at_start``: whether the rule took its gradient at the chain's
     position (where a rejected step returns). The tensors of the rule state it returned and of the adaptation's
-    state are kept, so that the next step does not take the trees apart again."""
+    state are kept, so that the next step does not take the trees apart again, and so is the step size's tensor."""
 
     def __init__(self, graph: compile_.CompiledFunction, at_start: bool, rebuild_rule: Any) -> None:
         self.graph, self.at_start, self.rebuild_rule = graph, at_start, rebuild_rule
         self._rule: tuple[Any, list[torch.Tensor]] = (None, [])
         self._adapt: tuple[Any, list[torch.Tensor]] = (None, [])
+        self._step_size: tuple[float | None, torch.Tensor | None] = (None, None)
 
     @staticmethod
     def _tensors(tree, kept):
         return kept[1] if tree is kept[0] else _tensor_leaves(tree)[0]
 
-    def __call__(self, flat, noise_draw, rule_state, adapt_state, noise_state, gradient_inputs):
+    def __call__(self, flat, noise_draw, step_size, rule_state, adapt_state, noise_state, gradient_inputs):
         """``(new flat, new rule state, Ũ_t, finiteness sum, noise state after an accepted step, its (noise ratio,
         noise variance))``."""
         rule, adapt = self._tensors(rule_state, self._rule), self._tensors(adapt_state, self._adapt)
-        new_flat, energy, total, *rest = self.graph(flat, noise_draw, *rule, *adapt, *noise_state, *gradient_inputs)
+        if self._step_size[0] != step_size:
+            self._step_size = (step_size, torch.as_tensor(step_size, dtype=flat.dtype, device=flat.device))
+        new_flat, energy, total, *rest = self.graph(
+            flat, noise_draw, self._step_size[1], *rule, *adapt, *noise_state, *gradient_inputs
+        )
         new_rule = self.rebuild_rule(rest[5:])
         self._rule, self._adapt = (new_rule, rest[5:]), (adapt_state, adapt)
         return new_flat, new_rule, energy, total, noise.NoiseState(*rest[:3]), tuple(rest[3:5])
@@ -517,7 +522,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if compiled is not None:
             gradient_inputs = self._target.traced_gradient(flat, batch, self._score_kind)[1]
             new_flat, rule_state, new_energy, total, measured, summary = compiled(
-                flat, noise_draw, state.rule_state, state.adapt_state, state.noise, gradient_inputs
+                flat, noise_draw, step_size, state.rule_state, state.adapt_state, state.noise, gradient_inputs
             )
             finite, at_start = bool(torch.isfinite(total)), compiled.at_start
         elif step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
@@ -577,7 +582,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     def _compiled_step(self, state, flat, batch, step_size, noise_draw):
         """The step as one compiled graph (:class:`_CompiledStep`), or ``None``: the step runs eagerly. Compiled
-        once per step size, with ``compile_potential``, once the step is the same at every step
+        once (the step size is an input), with ``compile_potential``, once the step is the same at every step
         (:meth:`~ppl_sgmcmc.algorithms.Algorithm._same_step_after_warmup`, and past an adapting warm-up), for a
         model whose gradient is a traced graph (not a ``potential_fn``, not a Gibbs step). The first compiled
         graph is checked against the eager step on this step's inputs; one that disagrees is not used."""
@@ -587,7 +592,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._same_step = self._same_step_after_warmup()
         if not self._same_step:
             return None
-        key = ("step", step_size, self._score_kind)
+        key = ("step", self._score_kind)
         if key not in self._graphs:
             self._graphs[key] = self._trace_step(state, flat, batch, step_size, noise_draw)
         return self._graphs[key]
@@ -601,10 +606,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         (rule_tensors, rebuild_rule), (adapt_tensors, rebuild_adapt) = rule, adapt
         sizes = [len(rule_tensors), len(adapt_tensors), len(state.noise)]
         i, found = state.i, {}
-        constants = [torch.as_tensor(value, dtype=flat.dtype, device=flat.device)
-                     for value in (step_size, self.temperature_at(i))]  # fmt: skip
+        temperature = torch.as_tensor(self.temperature_at(i), dtype=flat.dtype, device=flat.device)
 
-        def step(flat, noise_draw, *tensors):
+        def step(flat, noise_draw, step_size, *tensors):
             rule_tensors, adapt_tensors = tensors[: sizes[0]], tensors[sizes[0] : sizes[0] + sizes[1]]
             noise_state = noise.NoiseState(*tensors[sizes[0] + sizes[1] : sum(sizes)])
 
@@ -620,10 +624,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             scale = torch.as_tensor(self.noise_scale(rule_state, i), dtype=flat.dtype, device=flat.device)
             measured, _ = noise.update(noise_state, gradient.grad, scale, True)
             total = _finiteness_sum(gradient.energy, new_flat, rule_state)
-            summary = _noise_ratio_and_variance(measured.variance, measured.count, *constants)
+            summary = _noise_ratio_and_variance(measured.variance, measured.count, step_size, temperature)
             return (new_flat, gradient.energy, total, *measured, *summary, *new_rule[0])
 
-        inputs = (flat, noise_draw, *rule_tensors, *adapt_tensors, *state.noise, *gradient_inputs)
+        step_size = torch.as_tensor(step_size, dtype=flat.dtype, device=flat.device)
+        inputs = (flat, noise_draw, step_size, *rule_tensors, *adapt_tensors, *state.noise, *gradient_inputs)
         graph = compile_.compile_tensors(step, inputs)
         if graph is None:
             return None

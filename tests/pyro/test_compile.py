@@ -457,9 +457,10 @@ STEP_KERNELS = {
 def test_compiled_step_equals_eager(kind, data, monkeypatch):
     """After the warm-up a step is one compiled graph (the gradient's traced graph, the rule's move, the finiteness
     sum and the noise estimate's update: ``_CompiledStep``): the chain, its rule state, the noise estimate and each
-    draw's noise ratio are those of the eager step, draw for draw (the same generator draws), and so are its rejected steps (the last row). The tuned SGHMC row
-    runs in the warm-up's preconditioned coordinates, whose preconditioner the graph takes as inputs. The first
-    state's ``previous`` and ``variance`` are one tensor, which the trace must keep apart."""
+    draw's noise ratio are those of the eager step, draw for draw (the same generator draws), and so are its
+    rejected steps (the last row). The tuned SGHMC row runs in the warm-up's preconditioned coordinates, whose
+    preconditioner the graph takes as inputs. The first state's ``previous`` and ``variance`` are one tensor, which
+    the trace must keep apart."""
     warmup = 200 if kind.startswith("SGHMC") else 0
 
     def run(compiled):
@@ -493,6 +494,21 @@ def test_compiled_step_equals_eager(kind, data, monkeypatch):
         for x, y in zip(a, b):
             torch.testing.assert_close(torch.as_tensor(x), torch.as_tensor(y), rtol=1e-5, atol=1e-6,
                                        equal_nan=True)  # fmt: skip  # SGFS: noise not measured (NaN)
+
+
+def test_one_compiled_step_serves_every_step_size(data):
+    """The step size is an input of the compiled step, not a constant of it: a second kernel on the same model with
+    another step size calls the same compiled code (no second compilation, about a second each), with its own
+    step size (its first step is checked against the eager step)."""
+    graphs = []
+    for step_size in (1e-4, 3e-4):
+        kernel = SGLD(plain, step_size=step_size)
+        pyro.set_rng_seed(0)
+        kernel.setup(0, *data)
+        kernel.sample(kernel.initial_params)
+        (graph,) = [graph for key, graph in kernel._graphs.items() if key[0] == "step"]
+        graphs.append(graph.graph.graph)
+    assert isinstance(graphs[0], compile_.InductorGraph) and graphs[0] is graphs[1]
 
 
 def test_step_with_a_schedule_is_not_compiled(data):
