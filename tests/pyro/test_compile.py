@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ppl_sgmcmc.pyro import PSGLD, SGFS, SGHMC, SGLD, SGNHT
+from ppl_sgmcmc.pyro import CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT
 from ppl_sgmcmc.pyro import compile as compile_
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 
@@ -448,6 +448,7 @@ STEP_KERNELS = {
     "SGFS": lambda: SGFS(plain, alpha=1.0, ridge=1e-2),
     "SGNHT": lambda: SGNHT(plain, step_size=1e-3),
     "PSGLD": lambda: PSGLD(plain, step_size=1e-4),
+    "CSGLD": lambda: CSGLD(plain, step_size=1e-4),
     "SGHMC, tuned, dense mass": lambda: SGHMC(plain, dense_mass=True),
     "SGHMC, rejected steps": lambda: SGHMC(plain, step_size=30.0),
 }
