@@ -528,7 +528,7 @@ def step_costs(spec, X, y, steps, repeats):
     no_health = mock.patch.object(kernel_module.SGMCMCKernel, "_update_health", lambda self, state, before: state)
     no_noise = mock.patch.object(
         kernel_module.SGMCMCKernel, "_measure_noise",
-        lambda self, noise_state, gradient, rule_state, accepted, i: (noise_state, gradient.grad * 0, accepted),
+        lambda self, noise_state, gradient, rule_state, accepted, i, position: (noise_state, gradient.grad * 0, accepted),
     )  # fmt: skip
     no_guard = mock.patch.object(kernel_module, "_all_finite", lambda tree: jnp.asarray(True))
     variants = {

@@ -66,6 +66,7 @@ from ppl_sgmcmc.rules._types import Array
 
 __all__ = [
     "AdaptState",
+    "NoAdaptation",
     "Preconditioner",
     "WindowMoments",
     "adapt_init",
@@ -584,6 +585,31 @@ def tuned_step_size(noise_variance: Array, target: Any, temperature: Any, max_st
 
 
 # --- one warm-up step ------------------------------------------------------------------------------------
+class NoAdaptation(NamedTuple):
+    """The adaptation state of a chain whose warm-up adapts nothing (its step size was given, and
+    ``adapt_mass_matrix=False``): no fields. Asking it for one, as NumPyro's ``extra_fields`` does for
+    ``"adapt_state.step_size"``, says why there is none.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.adaptation import NoAdaptation
+        >>> NoAdaptation()["step_size"]
+        Traceback (most recent call last):
+        ...
+        KeyError: "adapt_state has no field 'step_size': the warm-up adapts nothing when `step_size` is given ..."
+    """
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):  # NumPyro's `extra_fields` falls back to `state[name]` for a name it cannot get
+            raise KeyError(
+                f"adapt_state has no field {key!r}: the warm-up adapts nothing when `step_size` is given (and "
+                "`adapt_mass_matrix=False`). Leave `step_size` unset for the warm-up to tune it and the "
+                "preconditioner, whose fields are then collectable (adapt_state.step_size, "
+                "adapt_state.preconditioner.scale)."
+            )
+        return tuple.__getitem__(self, key)
+
+
 class AdaptState(NamedTuple):
     """The warm-up adaptation state carried by a chain.
 

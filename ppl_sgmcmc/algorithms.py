@@ -409,10 +409,10 @@ class Algorithm:
         """The optimiser steps that move a new chain to an approximate mode before it samples (0: none)."""
         return self._find_mode_steps
 
-    def noise_scale(self, rule_state: Any, i: Any) -> Any:
-        """``c``, the rule's scale of the gradient noise in its step at step ``i`` (see :mod:`ppl_sgmcmc.noise`):
-        the noise ratio is ``h max_k c_k V_kk / (2τ)``. 1 for SGLD; the algorithms with friction, a
-        preconditioner or a gradient multiplier override it."""
+    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+        """``c``, the rule's scale of the gradient noise in its step at step ``i``, which took its gradient at
+        ``position`` (``θ``, flat; see :mod:`ppl_sgmcmc.noise`): the noise ratio is ``h max_k c_k V_kk / (2τ)``.
+        1 for SGLD; the algorithms with friction, a preconditioner, a gradient multiplier or a metric override it."""
         return 1.0
 
     def _watched_state(self, rule_state: Any) -> Any:
@@ -492,10 +492,10 @@ class Algorithm:
         :param laplace: ``(preconditioner, curvature)`` of :meth:`_laplace`, with ``adapt_mass_matrix``.
         :param probe: with a tuned step size, :class:`~ppl_sgmcmc.rules.StochasticGradient` of several
             minibatches at ``position`` (rows), in ``θ``; their spread gives the first step size.
-        :return: ``(AdaptState or (), rule_state)``; ``()`` when nothing adapts.
+        :return: ``(AdaptState or NoAdaptation(), rule_state)``; ``NoAdaptation()`` when nothing adapts.
         """
         if not self.adapts:
-            return (), rule_state
+            return adaptation.NoAdaptation(), rule_state
         pre, curvature = laplace if self._adapt_mass else (adaptation.identity(position.shape[0], False, position), 1.0)
         step_size: Any = 0.0
         if self._tune:
@@ -504,7 +504,7 @@ class Algorithm:
             rule_state = self._warm_start(rule_state, pulled)
             rows = pulled.grad.shape[0]  # diag V: the spread of single gradients (none for an exact potential)
             variance = xp.var(pulled.grad, axis=0, correction=1) if rows > 1 else xp.zeros_like(position)
-            variance = self.noise_scale(rule_state, 0) * variance
+            variance = self.noise_scale(rule_state, 0, position) * variance
             if self._adapt_mass:
                 pre, variance, factor = adaptation.equalize_noise(pre, variance)
                 rule_state = self._rescale_rule_state(rule_state, factor)
@@ -528,11 +528,13 @@ class Algorithm:
         )
         return adaptation.to_theta(pre, new_u), rule_state, gradient, at_start
 
-    def _measure_noise(self, noise_state: Any, gradient: Any, rule_state: Any, accepted: Any, i: Any) -> tuple:
-        """The gradient-noise estimate after a step (:func:`ppl_sgmcmc.noise.update`): ``(noise state, term,
-        whether the term measured the noise)``."""
+    def _measure_noise(self, noise_state: Any, gradient: Any, rule_state: Any, accepted: Any, i: Any,
+                       position: Any) -> tuple:  # fmt: skip
+        """The gradient-noise estimate after a step that took its gradient at ``position``
+        (:func:`ppl_sgmcmc.noise.update`): ``(noise state, term, whether the term measured the noise)``."""
         valid = (noise_state.count >= 0) & accepted
-        noise_state, term = noise.update(noise_state, gradient.grad, self.noise_scale(rule_state, i), accepted)
+        scale = self.noise_scale(rule_state, i, position)
+        noise_state, term = noise.update(noise_state, gradient.grad, scale, accepted)
         return noise_state, term, valid
 
     def _adapt(self, adapt_state: Any, noise_state: Any, rule_state: Any, position: Any, energy: Any, term: Any,
@@ -692,7 +694,7 @@ class SGHMC(Algorithm):
     schedulable = ("temperature", "friction")
     max_step_size = 0.5
 
-    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
         """``1/A``: the injected noise's variance is ``2Ahτ``."""
         return 1 / self.hyperparameters_at(i)["friction"]
 
@@ -761,7 +763,7 @@ class SGNHT(Algorithm):
     default_noise_ratio = 1.0
     noise_ratio_limit = 5.0
 
-    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
         """``1/D``: the injected noise's variance is ``2Dhτ`` (the thermostat absorbs the gradient noise)."""
         return 1 / self._options["diffusion"]
 
@@ -841,7 +843,7 @@ class PSGLD(Algorithm):
         xp = array_namespace(rule_state.square_avg)
         return 1 / (self._options["eps"] + xp.sqrt(rule_state.square_avg))
 
-    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
         """``G``: the gradient and the injected noise pass through the preconditioner."""
         return self._preconditioner(rule_state)
 
@@ -925,9 +927,11 @@ class SGRLD(Algorithm):
     rule = sgrld_rule
     constrained = True
 
-    def noise_scale(self, rule_state: Any, i: Any) -> Any:
-        """Not measured (NaN): the metric ``diag(θ)`` scales each coordinate by the position."""
-        return math.nan
+    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+        """``θ``: the step moves coordinate ``k`` by ``h θ_k`` times the gradient, and injects noise of variance
+        ``2hτθ_k``, so the gradient noise adds ``h θ_k V_kk / (2τ)`` of it."""
+        return position
+
     can_adapt_mass = False
     can_adapt_mass_reason = "SGRLD's preconditioner is diag(θ), fixed by the Riemannian metric."
 
@@ -1085,7 +1089,7 @@ class CSGLD(Algorithm):
         with ``N`` and the run) nor the last sample's log-weight."""
         return rule_state._replace(energy_min=None, energy_gap=None, energy_mean=None, energy_m2=None, log_weight=None)
 
-    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
         """The squared gradient multiplier (divided by CSGHMC's friction): the flattening scales the
         gradient, noise included, but not the injected noise."""
         scale = rule_state.multiplier * rule_state.multiplier
@@ -1316,7 +1320,7 @@ class SGFS(Algorithm):
     rule = sgfs_rule
     can_adapt_mass = False
 
-    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
         """Not measured (NaN): SGFS builds the gradient noise into its preconditioner and noise by design."""
         return math.nan
     can_adapt_mass_reason = "SGFS preconditions by its own Fisher estimate, which the warm-up already adapts."
@@ -1578,7 +1582,7 @@ class Santa(Algorithm):
         beta = self._options["inverse_temperature"]
         return (i < self._num_exploration) / (beta(i) if callable(beta) else beta)
 
-    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
         """Not measured (NaN): the annealed target changes, and the refinement injects no noise."""
         return math.nan
 
@@ -1692,7 +1696,7 @@ class Recipe(Algorithm):
             "jacobian": self._jacobian,
         }
 
-    def noise_scale(self, rule_state: Any, i: Any) -> Any:
+    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
         """Not measured (NaN): how the gradient noise enters depends on the user's ``D`` and ``Q``."""
         return math.nan
 

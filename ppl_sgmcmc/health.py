@@ -110,6 +110,32 @@ def passed_power_of_two(before: Any, after: Any) -> Any:
     return (after ^ before) > before
 
 
+#: The checks a compiled run makes between two powers of two of its step count (:func:`passed_check`).
+CHECKS_PER_DOUBLING = 16
+
+
+def passed_check(before: Any, after: Any) -> Any:
+    """Whether a step count that went from ``before`` to ``after`` (``after > before >= 0``, below ``2**32``)
+    passed a moment of the finer schedule on which the NumPyro kernels run :func:`update` inside a compiled
+    run: :data:`CHECKS_PER_DOUBLING` evenly spaced steps in each doubling ``[2^k, 2^(k+1))`` (the multiples of
+    ``2^k / 16`` there; every step below 32). Every power of two is one of them. A run is checked about
+    ``16 log2`` times, the last check at most a sixteenth of its steps before its end, so that a failure late
+    in a run that nothing checks after its end (``numpyro.infer.MCMC``) is still reported.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.health import passed_check
+        >>> [t for t in range(30, 160) if passed_check(t - 1, t)]  # doctest: +NORMALIZE_WHITESPACE
+        [30, 31, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 64, 68, 72, 76, 80, 84, 88, 92, 96,
+         100, 104, 108, 112, 116, 120, 124, 128, 136, 144, 152]
+    """
+    spacing = (before // CHECKS_PER_DOUBLING) | 1
+    for shift in (1, 2, 4, 8, 16):  # the highest set bit of `spacing`, smeared down, then isolated
+        spacing = spacing | (spacing >> shift)
+    spacing = spacing - (spacing >> 1)
+    return after // spacing > before // spacing
+
+
 class HealthState(NamedTuple):
     """What a chain's checks found so far: ``flags`` (booleans for :data:`KINDS`, each set once a check
     fails), ``values`` (one row per kind: the :data:`VALUES` behind it when its check first failed),
@@ -187,13 +213,17 @@ def update(
     noise_limit: float = float("inf"),
     restarts: Any = 0,
     preconditioner_change: Any = float("nan"),
+    new_window: Any = True,
 ) -> HealthState:
     """``state`` after the checks of :func:`check` at step ``i``, the frozen-chain check (the position
-    moved by less than :data:`FROZEN_TOLERANCE` relative to its magnitude since the previous check, at
-    least :data:`FROZEN_STEPS` steps ago) and the preconditioner check (``preconditioner_change``, the largest
-    factor by which a rule's changing preconditioner changed since the previous check, above
+    moved by less than :data:`FROZEN_TOLERANCE` relative to its magnitude since the anchor, at least
+    :data:`FROZEN_STEPS` steps ago) and the preconditioner check (``preconditioner_change``, the largest
+    factor by which a rule's changing preconditioner changed since the anchor, above
     :data:`PRECONDITIONER_CHANGE`; NaN: not measured): failed checks are added to ``flags``, each kind's row of
-    ``values`` is kept from its first failure, the anchor moves to this check and the tracked range starts again.
+    ``values`` is kept from its first failure and, with ``new_window`` (a bool, or a boolean array), the anchor
+    moves to this check and the tracked range starts again. Checks between two windows' ends (those of
+    :func:`passed_check` that are not powers of two) leave the window as it is, so that the frozen-chain and
+    preconditioner checks still compare over the steps since the last power of two.
 
     **Example**::
 
@@ -216,8 +246,16 @@ def update(
     values = xp.concat([values, xp.stack([since, change])])
     first = flags & ~state.flags  # the kinds failing for the first time keep this check's values
     values = xp.where(first[:, None], xp.broadcast_to(values, state.values.shape), state.values)
-    low, high = (None, None) if state.low is None else _empty_range(state.low)
-    return HealthState(state.flags | flags, values, position, steps, low, high)
+    if new_window is True:
+        low, high = (None, None) if state.low is None else _empty_range(state.low)
+        return HealthState(state.flags | flags, values, position, steps, low, high)
+    new = xp.asarray(new_window, device=device(position))
+    low, high = state.low, state.high
+    if low is not None:
+        empty_low, empty_high = _empty_range(low)
+        low, high = xp.where(new, empty_low, low), xp.where(new, empty_high, high)
+    anchor, anchor_step = xp.where(new, position, state.anchor), xp.where(new, steps, state.anchor_step)
+    return HealthState(state.flags | flags, values, anchor, anchor_step, low, high)
 
 
 def message(kernel: str, kind: str, values: Any) -> str:

@@ -54,7 +54,8 @@ class SGMCMCState(NamedTuple):
     - **finite_position**: where the last accepted step started (flat; its stochastic gradient was finite):
       where a rejected step of SGLD, pSGLD, SGFS or SGRLD returns.
     - **adapt_state**: the warm-up's adaptation (:class:`ppl_sgmcmc.adaptation.AdaptState`: the
-      ``preconditioner`` and the tuned ``step_size``, frozen after the warm-up), or ``()`` when nothing adapts.
+      ``preconditioner`` and the tuned ``step_size``, frozen after the warm-up), or, when nothing adapts,
+      an empty :class:`~ppl_sgmcmc.adaptation.NoAdaptation`.
     - **noise**: the running estimate of the gradient noise (:class:`ppl_sgmcmc.noise.NoiseState`).
     - **noise_ratio**: the noise ratio of the draw's last step, ``h max_k c_k V_kk / (2τ)`` (:mod:`ppl_sgmcmc.noise`):
       about the relative variance the gradient noise adds; collected by default (ArviZ ``sample_stats``).
@@ -188,6 +189,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     state_type: type  # set below: SGMCMCState, or a subclass (ContourState)
     _target = None
     _sample_fn = None
+    _final_check = None  # report_health's checks, compiled (they read the run's warm-up length)
     # the progress bar of `ppl_sgmcmc.numpyro.MCMC` while it runs (updated from the compiled step), else None
     _progress: Any = None
     # set by `ppl_sgmcmc.numpyro.MCMC`, which reports the health after the run: the loop needs no callback for it
@@ -254,8 +256,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """The progress bar's postfix: ``Ũ_t``, the step size and the number of rejected steps.
 
         NumPyro asks for it after every step; reading the state forces the host to wait for the device,
-        so the string is refreshed only every ``diagnostics_every`` calls and reused in between. The chain's
-        health (:meth:`report_health`) is read at those calls and at calls 1, 2, 4, 8, ...
+        so the string is refreshed only every ``diagnostics_every`` calls and reused in between. The failures
+        the chain's health checks recorded (:meth:`report_health`) are read at those calls and at calls 1, 2, 4, 8, ...
 
         **Example**::
 
@@ -271,7 +273,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if calls % self.diagnostics_every == 0:
             self._diagnostics = self.diagnostics(state)
         if calls % self.diagnostics_every == 0 or calls & (calls - 1) == 0:  # and at calls 1, 2, 4, 8, ...
-            self.report_health(state)
+            self._health.report(state.health.flags, state.health.values)
         return self._diagnostics
 
     diagnostics_every = 100
@@ -375,6 +377,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         name = self.name
         _check_host_platform(name)
         self._set_warmup(num_warmup)
+        self._final_check = None
         # NumPyro traces `init` under `pmap` for parallel chains: the checks below are then evaluated, not traced
         traced = isinstance(rng_key, jax.core.Tracer)
         concrete = jax.ensure_compile_time_eval if traced else contextlib.nullcontext
@@ -478,10 +481,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 )
 
     def report_health(self, state):
-        """Warn, once per run and kind, about the known failures the chain's checks recorded in ``state``
-        (:mod:`ppl_sgmcmc.health`); with several chains, each kind with the values of the first chain in which it
-        failed. Under ``numpyro.infer.MCMC`` the compiled step reports while it runs (a host callback at each
-        check; under :class:`ppl_sgmcmc.numpyro.MCMC`, after the run); the progress bar,
+        """Warn, once per run and kind, about the known failures the chain's checks recorded in ``state`` and
+        those the checks find in ``state`` itself (:mod:`ppl_sgmcmc.health`: the last steps of a run come after
+        its last check); with several chains, each kind with the values of the first chain in which it failed.
+        Under ``numpyro.infer.MCMC`` the compiled step reports while it runs (a host callback at the checks once
+        one has failed; under :class:`ppl_sgmcmc.numpyro.MCMC`, here, after the run);
         :func:`~ppl_sgmcmc.numpyro.to_inference_data` and :func:`ppl_sgmcmc.checkpoint.run` call this too, and a
         warning the run could not raise (one that a warnings filter turns into an error) is raised here.
 
@@ -496,12 +500,15 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             ...     warnings.simplefilter("always")
             ...     for _ in range(20):
             ...         state = step(state, (), {})
-            ...     _ = jax.block_until_ready(state)  # reported from the compiled step, at step 16
+            ...     _ = jax.block_until_ready(state)  # reported from the compiled step, at its check after step 10
             ...     kernel.report_health(state)  # once per run and kind
             >>> len(caught), "Fix the `step_size` schedule" in str(caught[0].message)
             (1, True)
         """
-        self._health.report(state.health.flags, state.health.values)
+        if self._final_check is None:  # compiled once a run (eager JAX would compile each operation)
+            self._final_check = jax.jit(self._checked_health)
+        checked = self._final_check(state)
+        self._health.report(checked.flags, checked.values)
 
     def _report_in_run(self, flags, values):
         """:meth:`report_health` from the compiled step's host callback; returns ``flags`` unchanged.
@@ -519,39 +526,45 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             pass
         return flags
 
-    def _update_health(self, state, before):
-        """``state`` with its health checks run if the step count passed a power of two since ``before``
-        (steps 1, 2, 4, 8, ...): :func:`ppl_sgmcmc.health.update`, in the compiled step, without a host call;
-        and, under :class:`ppl_sgmcmc.numpyro.MCMC` with a progress bar, the bar's host callback when it is due.
-        Both sit in one branch, taken when either is due, so that a step pays for one rarely taken branch. The
-        branch is taken for all chains at once (they count steps together), so that vectorised chains do not
-        pay for the checks at every step."""
+    def _checked_health(self, state, new_window=False):
+        """``state.health`` after :func:`ppl_sgmcmc.health.update` at the state's step (of each chain, over a
+        leading chain axis); the checks' window moves to this step where ``new_window``."""
 
         def update(state):
-            return state._replace(
-                health=health.update(
-                    state.health, state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0],
-                    self._watched_state(state.rule_state), self._measured_ratio(state), self.noise_ratio_limit,
-                    state.adapt_state.restarts if self.adapts else 0, self._measured_change(state.health),
-                )
-            )
+            return health.update(
+                state.health, state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0],
+                self._watched_state(state.rule_state), self._measured_ratio(state), self.noise_ratio_limit,
+                state.adapt_state.restarts if self.adapts else 0, self._measured_change(state.health), new_window,
+            )  # fmt: skip
+
+        return (vmap(update) if jnp.ndim(state.i) else update)(state)
+
+    def _update_health(self, state, before):
+        """``state`` with its health checks run if the step count passed one of the steps of
+        :func:`ppl_sgmcmc.health.passed_check` since ``before`` (16 in each doubling of the step count), in the
+        compiled step, the checks' window moving at powers of two; under ``numpyro.infer.MCMC``, with a host call
+        that reports them once a check has failed; and, under :class:`ppl_sgmcmc.numpyro.MCMC` with a progress
+        bar, the bar's host callback when it is due. Both sit in one branch, taken when either is due, so that a
+        step pays for one rarely taken branch. The branch is taken for all chains at once (they count steps
+        together), so that vectorised chains do not pay for the checks at every step."""
+        first = (lambda x: x[0]) if self._vectorized else (lambda x: x)
+        new_window = health.passed_power_of_two(first(before), first(state.i))
+
+        def report(flags, values):
+            return jax.pure_callback(
+                self._report_in_run, jax.ShapeDtypeStruct(flags.shape, flags.dtype), flags, values,
+                vmap_method="sequential",
+            )  # fmt: skip
 
         def checked(state):
-            state = (vmap(update) if self._vectorized else update)(state)
+            state = state._replace(health=self._checked_health(state, new_window))
             if not self._reports_after_run:  # `numpyro.infer.MCMC` reads nothing after the run: report now
-                flags = state.health.flags
-                flags = jax.pure_callback(
-                    self._report_in_run,
-                    jax.ShapeDtypeStruct(flags.shape, flags.dtype),
-                    flags,
-                    state.health.values,
-                    vmap_method="sequential",
-                )
+                flags, values = state.health.flags, state.health.values
+                flags = lax.cond(jnp.any(flags), report, lambda flags, _: flags, flags, values)
                 state = state._replace(health=state.health._replace(flags=flags))
             return state
 
-        first = (lambda x: x[0]) if self._vectorized else (lambda x: x)
-        health_due = health.passed_power_of_two(first(before), first(state.i))
+        health_due = health.passed_check(first(before), first(state.i))
         if self._progress is None:
             return lax.cond(health_due, checked, lambda s: s, state)
         bar_due = self._progress.due(state)
@@ -572,7 +585,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_sample_fn"] = None
+        state["_sample_fn"] = state["_final_check"] = None
         return state
 
     @staticmethod
@@ -719,7 +732,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             )
         new_flat = keep(new_flat, safe_flat)
         rule_state = jax.tree.map(keep, rule_state, kept_rule_state)
-        noise_state, term, valid = self._measure_noise(state.noise, gradient, rule_state, finite, state.i)
+        noise_state, term, valid = self._measure_noise(state.noise, gradient, rule_state, finite, state.i, flat)
         adapt_state = state.adapt_state
         if self.adapts:
             adapt_state, noise_state, rule_state, new_flat = warmup.when(

@@ -84,6 +84,12 @@ def _finiteness_sum(energy, flat, rule_state):
     return total
 
 
+def _floating(flat: torch.Tensor) -> torch.Tensor:
+    """``flat``, or, if its values are integers (``initial_params`` given as integers), as torch's default float
+    dtype: a float64 model keeps its float64 values."""
+    return flat if flat.is_floating_point() else flat.to(torch.get_default_dtype())
+
+
 class _CompiledStep:
     """The arithmetic of one step after the warm-up as one compiled graph: the minibatch gradient's traced graph,
     the rule's move (in the preconditioned coordinates, if any), the sum whose finiteness accepts the step, and
@@ -138,7 +144,8 @@ class SGMCMCState(NamedTuple):
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.pyro.minibatch`).
     - **gradient_state**: the gradient estimator's state (see :mod:`ppl_sgmcmc.gradients`).
     - **adapt_state**: the warm-up's adaptation (:class:`ppl_sgmcmc.adaptation.AdaptState`: the
-      ``preconditioner`` and the tuned ``step_size``, frozen after the warm-up), or ``()`` when nothing adapts.
+      ``preconditioner`` and the tuned ``step_size``, frozen after the warm-up), or, when nothing adapts,
+      an empty :class:`~ppl_sgmcmc.adaptation.NoAdaptation`.
     - **noise**: the running estimate of the gradient noise (:class:`ppl_sgmcmc.noise.NoiseState`).
     - **noise_ratio**: the noise ratio of the draw's last step (:mod:`ppl_sgmcmc.noise`), a float.
     - **noise_variance**: the trace of the running noise estimate after the draw's last step,
@@ -417,6 +424,16 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                         "unconstrained values for every latent site."
                     )
                 self._initial_params = {k: v for k, v in self._initial_params.items() if k in target.layout.shapes}
+                given = {k: tuple(torch.as_tensor(v).shape) for k, v in self._initial_params.items()}
+                wrong = [k for k in target.layout.names if given[k] != tuple(target.layout.shapes[k])]
+                if wrong:
+                    raise ValueError(
+                        f"{name}: `initial_params` gives the latent site(s) "
+                        f"{', '.join(f'{k!r} the shape {given[k]}' for k in wrong)}; the model's are "
+                        f"{', '.join(f'{k!r}: {tuple(target.layout.shapes[k])}' for k in wrong)}. Give unconstrained "
+                        "values of each site's shape (with several chains, Pyro's `MCMC` takes one leading axis of "
+                        "`num_chains`)."
+                    )
         else:
             target = PotentialTarget(self._potential_fn, name)
             if self._initial_params is None:
@@ -426,7 +443,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._check_dimension(target, target.layout.size)
         self._epoch_steps = None if self._model is None else self._epoch_length(target)
         if self.rule.NEEDS == "per_example":  # one minibatch near the start (SGFS's Fisher)
-            flat = target.layout.ravel(self._initial_params).to(torch.get_default_dtype())
+            flat = _floating(target.layout.ravel(self._initial_params))
             generator = torch.Generator().manual_seed(0)
             batch, _ = target.draw(generator, target.init_batch(generator))
             offset = torch.randn(flat.shape, generator=generator, dtype=flat.dtype).to(flat.device)
@@ -541,7 +558,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._flat = new_flat
             energy, diverging = new_energy, False
             if measured is None:
-                noise_state, term, valid = self._measure_noise(noise_state, gradient, rule_state, True, state.i)
+                noise_state, term, valid = self._measure_noise(noise_state, gradient, rule_state, True, state.i, flat)
             else:  # the compiled step measured it; its term serves only the warm-up, which it does not run
                 noise_state, term, valid = measured, None, True
                 self._summary = summary
@@ -621,7 +638,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             )
             new_rule = _tensor_leaves(rule_state)
             found["rebuild"] = new_rule[1]
-            scale = torch.as_tensor(self.noise_scale(rule_state, i), dtype=flat.dtype, device=flat.device)
+            scale = torch.as_tensor(self.noise_scale(rule_state, i, flat), dtype=flat.dtype, device=flat.device)
             measured, _ = noise.update(noise_state, gradient.grad, scale, True)
             total = _finiteness_sum(gradient.energy, new_flat, rule_state)
             summary = _noise_ratio_and_variance(measured.variance, measured.count, step_size, temperature)
@@ -636,16 +653,16 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             return None
         return _CompiledStep(graph, found["at_start"], found["rebuild"])
 
-    def _measure_noise(self, noise_state, gradient, rule_state, accepted, i):
+    def _measure_noise(self, noise_state, gradient, rule_state, accepted, i, position):
         """:meth:`Algorithm._measure_noise <ppl_sgmcmc.algorithms.Algorithm._measure_noise>`; for an accepted
         step with ``compile_potential``, through one compiled graph (:meth:`_compiled`): eager torch makes about
         ten passes over the gradient for it, a cost of the order of the whole step for a large network."""
         grad = gradient.grad
-        scale = torch.as_tensor(self.noise_scale(rule_state, i), dtype=grad.dtype, device=grad.device)
+        scale = torch.as_tensor(self.noise_scale(rule_state, i, position), dtype=grad.dtype, device=grad.device)
         inputs = (*noise_state, grad, scale)
         update = self._compiled("noise update", _accepted_noise_update, inputs) if accepted is True else None
         if update is None:
-            return super()._measure_noise(noise_state, gradient, rule_state, accepted, i)
+            return super()._measure_noise(noise_state, gradient, rule_state, accepted, i, position)
         *new_state, term = update(*inputs)
         return noise.NoiseState(*new_state), term, noise_state.count >= 0
 
@@ -672,7 +689,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     def _start(self, params):
         params = self._initial_params if params is None else params
         flat = self._target.layout.ravel({name: params[name] for name in self._target.layout.names})
-        flat = flat.to(torch.get_default_dtype()) if not flat.is_floating_point() else flat
+        flat = _floating(flat)
         if self._start_warning:
             warnings.warn(self._start_warning, UserWarning, stacklevel=3)
         target, score_kind = self._target, self._score_kind

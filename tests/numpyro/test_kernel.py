@@ -218,6 +218,15 @@ def test_unknown_extra_field_names_the_fields():
         mcmc.run(jax.random.PRNGKey(0), jnp.ones(100), extra_fields=("accept_prob",))
 
 
+def test_adaptation_field_of_a_kernel_that_adapts_nothing_says_why():
+    """With a given step size the adaptation state is empty: asking for one of its fields said ``tuple indices must
+    be integers or slices, not str``."""
+    mcmc = MCMC(SGLD(_mean_model, step_size=1e-3), num_warmup=5, num_samples=5, progress_bar=False)
+    message = "adapt_state has no field 'preconditioner': the warm-up adapts nothing when `step_size` is given"
+    with pytest.raises(KeyError, match=message):
+        mcmc.run(jax.random.PRNGKey(0), jnp.ones(100), extra_fields=("adapt_state.preconditioner.scale",))
+
+
 def test_a_batch_size_argument_stays_static():
     """A Python number among the model's arguments (used as `subsample_size`) is not traced; under
     `jit_model_args=True`, which traces it, the error says how to pass it instead."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from ppl_sgmcmc.pyro import PSGLD, SGHMC, SGLD, SGNHT
+from ppl_sgmcmc.pyro import PSGLD, SGFS, SGHMC, SGLD, SGNHT
 from tests.pyro.models import logistic_model
 
 
@@ -159,6 +159,29 @@ def test_initial_params_must_cover_every_latent(logistic_data):
     with pytest.raises(ValueError, match=r"`initial_params` lacks the latent site\(s\) 'scale'"):
         MCMC(SGLD(logistic_model, step_size=1e-3), warmup_steps=1, num_samples=1, disable_progbar=True,
              initial_params={"w": torch.zeros(2)}).run(*logistic_data)  # fmt: skip
+
+
+def test_initial_params_must_have_the_sites_shapes(logistic_data):
+    """A site given the wrong shape ran the whole chain on part of it, then failed in Pyro's ``MCMC`` with a reshape
+    error."""
+    message = r"`initial_params` gives the latent site\(s\) 'w' the shape \(3,\); the model's are 'w': \(2,\)"
+    with pytest.raises(ValueError, match=message):
+        MCMC(SGLD(logistic_model, step_size=1e-3), warmup_steps=1, num_samples=1, disable_progbar=True,
+             initial_params={"w": torch.zeros(3), "scale": torch.zeros(())}).run(*logistic_data)  # fmt: skip
+
+
+def test_sgfs_runs_a_float64_model():
+    """SGFS's start-up check of the per-datum scores ran the model on float32 latents next to float64 data."""
+    X = torch.randn(200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = X @ torch.tensor([1.0, -1.0], dtype=torch.float64)
+
+    def model(X, y):
+        w = pyro.sample("w", dist.Normal(torch.zeros(2, dtype=X.dtype), 1.0).to_event(1))
+        with pyro.plate("data", X.shape[0], subsample_size=20):
+            pyro.sample("y", dist.Normal(pyro.subsample(X, event_dim=1) @ w, 0.5), obs=pyro.subsample(y, event_dim=0))
+
+    kernel = setup(SGFS(model), X, y)
+    assert kernel.sample(kernel.initial_params)["w"].dtype == torch.float64
 
 
 def setup(kernel, *args, **kwargs):
