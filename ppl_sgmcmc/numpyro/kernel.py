@@ -189,11 +189,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     state_type: type  # set below: SGMCMCState, or a subclass (ContourState)
     _target = None
     _sample_fn = None
-    _final_check = None  # report_health's checks, compiled (they read the run's warm-up length)
     # the progress bar of `ppl_sgmcmc.numpyro.MCMC` while it runs (updated from the compiled step), else None
     _progress: Any = None
     # set by `ppl_sgmcmc.numpyro.MCMC`, which reports the health after the run: the loop needs no callback for it
     _reports_after_run = False
+    _last_step: int | None = None  # set by `ppl_sgmcmc.numpyro.MCMC`: the step count at the end of its run
     # steps whose streamed rows are read ahead at once (a model under `streaming.streamed`), else None
     _stream_block = None
 
@@ -377,7 +377,6 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         name = self.name
         _check_host_platform(name)
         self._set_warmup(num_warmup)
-        self._final_check = None
         # NumPyro traces `init` under `pmap` for parallel chains: the checks below are then evaluated, not traced
         traced = isinstance(rng_key, jax.core.Tracer)
         concrete = jax.ensure_compile_time_eval if traced else contextlib.nullcontext
@@ -434,6 +433,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._vectorized = vectorized
         self._sample_fn = vmap(self._sample_one, in_axes=(0, None, None)) if vectorized else self._sample_one
         self._health = health.Reporter(name)
+        self.__dict__.setdefault("_final_checks", {})  # report_health's checks, compiled per warm-up length
         return state
 
     def sample(self, state, model_args, model_kwargs):
@@ -505,9 +505,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             >>> len(caught), "Fix the `step_size` schedule" in str(caught[0].message)
             (1, True)
         """
-        if self._final_check is None:  # compiled once a run (eager JAX would compile each operation)
-            self._final_check = jax.jit(self._checked_health)
-        checked = self._final_check(state)
+        # compiled once per warm-up length (which the checks read); eager JAX would compile each operation
+        check = self._final_checks.setdefault(self._num_warmup_steps, jax.jit(self._checked_health))
+        checked = check(state)
         self._health.report(checked.flags, checked.values)
 
     def _report_in_run(self, flags, values):
@@ -543,10 +543,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """``state`` with its health checks run if the step count passed one of the steps of
         :func:`ppl_sgmcmc.health.passed_check` since ``before`` (16 in each doubling of the step count), in the
         compiled step, the checks' window moving at powers of two; under ``numpyro.infer.MCMC``, with a host call
-        that reports them once a check has failed; and, under :class:`ppl_sgmcmc.numpyro.MCMC` with a progress
-        bar, the bar's host callback when it is due. Both sit in one branch, taken when either is due, so that a
-        step pays for one rarely taken branch. The branch is taken for all chains at once (they count steps
-        together), so that vectorised chains do not pay for the checks at every step."""
+        that reports a failure when a check first finds it, and at the checks at powers of two after (a healthy
+        run never calls the host); and, under :class:`ppl_sgmcmc.numpyro.MCMC` with a progress bar, the bar's
+        host callback when it is due. Both sit in one branch, taken when either is due, so that a step pays for
+        one rarely taken branch. The branch is taken for all chains at once (they count steps together), so that
+        vectorised chains do not pay for the checks at every step."""
         first = (lambda x: x[0]) if self._vectorized else (lambda x: x)
         new_window = health.passed_power_of_two(first(before), first(state.i))
 
@@ -557,14 +558,19 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             )  # fmt: skip
 
         def checked(state):
+            recorded = state.health.flags
             state = state._replace(health=self._checked_health(state, new_window))
             if not self._reports_after_run:  # `numpyro.infer.MCMC` reads nothing after the run: report now
                 flags, values = state.health.flags, state.health.values
-                flags = lax.cond(jnp.any(flags), report, lambda flags, _: flags, flags, values)
+                # a new failure at once; failures already recorded at powers of two (a new run warns again)
+                due = jnp.any(flags & ~recorded) | (new_window & jnp.any(flags))
+                flags = lax.cond(due, report, lambda flags, _: flags, flags, values)
                 state = state._replace(health=state.health._replace(flags=flags))
             return state
 
         health_due = health.passed_check(first(before), first(state.i))
+        if self._last_step is not None:  # `ppl_sgmcmc.numpyro.MCMC`'s run: its last step is checked too
+            health_due = health_due | (first(state.i) == self._last_step)
         if self._progress is None:
             return lax.cond(health_due, checked, lambda s: s, state)
         bar_due = self._progress.due(state)
@@ -585,7 +591,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_sample_fn"] = state["_final_check"] = None
+        state["_sample_fn"], state["_final_checks"] = None, {}
         return state
 
     @staticmethod

@@ -64,23 +64,37 @@ class MCMC(numpyro.infer.MCMC):
         # (kept per model arguments) must not outlive a run with another bar, or none
         self._cache: dict = {}
         kernel._reports_after_run = True  # no health callback in the compiled loop: see `report_health` below
+        # a run from the start checks its last step in the loop; a resumed chain's last step would make each of its
+        # runs a new program (the persistent cache would miss), so its final state is checked after the run
+        last_step = None if self._warmup_state is not None else self._steps()[1] * kernel._steps_per_sample
+        kernel._last_step = last_step
         try:
             self._run(kernel, rng_key, *args, extra_fields=extra_fields, init_params=init_params, **kwargs)
         finally:
-            kernel._reports_after_run = False
-        kernel.report_health(self.last_state)
+            kernel._reports_after_run, kernel._last_step = False, None
+        state = self.last_state
+        if last_step is not None and np.all(np.asarray(state.i) == last_step):  # what the loop recorded
+            kernel._health.report(state.health.flags, state.health.values)
+        else:
+            kernel.report_health(state)
+
+    def _steps(self) -> tuple[int, int]:
+        """``(the step count at the run's start, the draws the run makes)``: NumPyro's collection range for a run
+        from the start (or ``warmup()``'s), ``num_samples`` from a resumed chain's own step count."""
+        if self._warmup_state is None:
+            return 0, self._collection_params["upper"]
+        return int(np.ravel(self._warmup_state.i)[0]), self.num_samples
 
     def _run(self, kernel: SGMCMCKernel, rng_key: Any, *args: Any, **kwargs: Any) -> None:
         in_loop = self.progress_bar and (self.num_chains == 1 or self.chain_method == "vectorized")
         if not in_loop:
             super().run(rng_key, *args, **kwargs)
             return
+        start, upper = self._steps()
         if self._warmup_state is None:  # a run from the start, or `warmup()` (which sets its own range)
-            params = self._collection_params
-            lower, upper, phase, start = params["lower"], params["upper"], params["phase"], 0
+            lower, phase = self._collection_params["lower"], self._collection_params["phase"]
         else:  # a resumed chain: its `num_samples` draws, as `numpyro.infer.MCMC.run` counts them
-            lower, upper, phase = 0, self.num_samples, "sample"
-            start = int(np.ravel(self._warmup_state.i)[0])
+            lower, phase = 0, "sample"
         bar = _Bar(kernel, upper, lower, phase, start, self.progress_rate)
         kernel._progress, self.progress_bar = bar, False
         try:

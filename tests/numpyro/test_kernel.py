@@ -10,6 +10,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC
 
+from ppl_sgmcmc import health
 from ppl_sgmcmc.numpyro import PSGLD, SGHMC, SGLD, SGNHT
 from tests.numpyro.conftest import logistic_model
 
@@ -272,6 +273,26 @@ def test_the_compiled_step_has_no_effects(logistic_data):
     state = kernel.init(jax.random.PRNGKey(0), 10, None, logistic_data)
     assert not kernel._reports_after_run
     assert jax.make_jaxpr(kernel.sample)(state, logistic_data, {}).effects == set()
+
+
+@pytest.mark.parametrize("healthy", [True, False])
+def test_the_in_run_report_calls_the_host_only_for_failures(healthy, monkeypatch):
+    """Under ``numpyro.infer.MCMC`` the checks run 16 times per doubling of the step count, but a host call (as
+    costly as several small steps) is made only when a check first finds a failure and at powers of two after it:
+    none in a healthy run, and not one per check in a failing one (a schedule turning negative at step 5)."""
+    from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
+
+    calls, report = [], SGMCMCKernel._report_in_run
+    monkeypatch.setattr(SGMCMCKernel, "_report_in_run", lambda self, *args: calls.append(1) or report(self, *args))
+    step_size = 0.1 if healthy else (lambda t: jnp.where(t < 5, 0.1, -0.1))
+    kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=step_size)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=5000, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones(2)})
+        jax.block_until_ready(mcmc.last_state)
+    powers_of_two = 13  # 1, 2, 4, ..., 4096
+    assert len(calls) == 0 if healthy else 0 < len(calls) <= powers_of_two + len(health.KINDS)
 
 
 def test_tuned_warmup_with_a_full_batch_plate():
