@@ -384,6 +384,15 @@ class Algorithm:
         self._num_warmup_steps = int(num_warmup) * self._steps_per_sample if steps is None else int(steps)
         self._kwargs_cache = {}
         self._window_ends = None
+        self._start_warning = None
+        if self.adapts and self._num_warmup_steps == 0:
+            task, fix = (("tune the step size and adapt the preconditioner", "give `step_size`") if self._tune
+                         else ("adapt the preconditioner", "set `adapt_mass_matrix=False`"))  # fmt: skip
+            self._start_warning = (
+                f"{self.name}: {self.warmup_arg}=0 leaves no warm-up to {task}. That is right when continuing a chain "
+                "from its state (what the warm-up chose is in the state); a new chain would sample untuned: set "
+                f"`{self.warmup_arg}` (at least {adaptation.minimum_warmup_steps()} steps), or {fix}."
+            )
         if self.adapts and self._num_warmup_steps > 0:  # 0: a chain continued with its adapted state
             try:
                 self._window_ends = adaptation.adaptation_schedule(self._num_warmup_steps)
@@ -1174,7 +1183,6 @@ class CSGLD(Algorithm):
         self._calibration_steps, self._adaptation_steps = self._contour.windows(
             self._num_warmup_steps, num_warmup, self.warmup_arg, self.name
         )
-        self._start_warning = None
         if self._contour.auto_grid and self._calibration_steps == 0:
             self._start_warning = (
                 f"{self.name}: `energy_min`/`energy_gap` \"auto\" choose the energy grid during the warm-up, but "
@@ -1590,7 +1598,6 @@ class Santa(Algorithm):
         super()._set_warmup(num_warmup, steps)
         explore = self._num_exploration_arg
         self._num_exploration = self._num_warmup_steps if explore is None else explore
-        self._start_warning = None
         if explore is None and self._num_warmup_steps == 0:
             self._start_warning = (
                 f"{self.name}: the exploration is the warm-up (num_exploration=None), but {self.warmup_arg}=0 leaves "

@@ -261,3 +261,16 @@ def test_many_coordinates_use_the_hessian_diagonal(backend, monkeypatch):
     # Hutchinson with 40 probes: each diagonal entry within ~3 of its own relative errors (off-diagonal mass 0.3)
     np.testing.assert_allclose(estimated_scale, scale, rtol=0.25)
     assert estimated_curvature == pytest.approx(curvature, rel=0.25)
+
+
+def test_a_new_tuned_chain_without_warmup_warns():
+    """A kernel that tunes its step size, given no warm-up, ran a new chain on the warm-up's first guess in silence
+    (a warm-up of 1 to 199 steps raises). It is right for a chain continued from its state, so it is a warning."""
+    kernel = np_backend.SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2))
+    with pytest.warns(UserWarning, match=r"num_warmup=0 leaves no warm-up to tune the step size .*give `step_size`\."):
+        kernel.init(jax.random.PRNGKey(0), 0, {"x": jnp.ones(2)})
+    kernel = pyro_backend.SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum())
+    kernel.initial_params = {"x": torch.ones(2)}
+    kernel.setup(warmup_steps=0)
+    with pytest.warns(UserWarning, match="warmup_steps=0 leaves no warm-up to tune the step size and adapt the"):
+        kernel.sample(kernel.initial_params)

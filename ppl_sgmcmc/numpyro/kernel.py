@@ -484,8 +484,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """Warn, once per run and kind, about the known failures the chain's checks recorded in ``state`` and
         those the checks find in ``state`` itself (:mod:`ppl_sgmcmc.health`: the last steps of a run come after
         its last check); with several chains, each kind with the values of the first chain in which it failed.
-        Under ``numpyro.infer.MCMC`` the compiled step reports while it runs (a host callback at the checks once
-        one has failed; under :class:`ppl_sgmcmc.numpyro.MCMC`, here, after the run);
+        Under ``numpyro.infer.MCMC`` the compiled step reports while it runs (a host callback when a check finds a
+        new failure; under :class:`ppl_sgmcmc.numpyro.MCMC`, after the run);
         :func:`~ppl_sgmcmc.numpyro.to_inference_data` and :func:`ppl_sgmcmc.checkpoint.run` call this too, and a
         warning the run could not raise (one that a warnings filter turns into an error) is raised here.
 
@@ -506,8 +506,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             (1, True)
         """
         # compiled once per warm-up length (which the checks read); eager JAX would compile each operation
-        check = self._final_checks.setdefault(self._num_warmup_steps, jax.jit(self._checked_health))
-        checked = check(state)
+        if self._num_warmup_steps not in self._final_checks:
+            self._final_checks[self._num_warmup_steps] = jax.jit(self._checked_health)
+        checked = self._final_checks[self._num_warmup_steps](state)
         self._health.report(checked.flags, checked.values)
 
     def _report_in_run(self, flags, values):
