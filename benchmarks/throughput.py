@@ -85,7 +85,7 @@ from benchmarks.sgmcmcjax_shim import import_sgmcmcjax  # noqa: E402
 from models.datasets import load_a9a  # noqa: E402
 from ppl_sgmcmc.algorithms import call_kwargs  # noqa: E402
 from ppl_sgmcmc.numpyro import MCMC as InLoopBarMCMC  # noqa: E402
-from ppl_sgmcmc.numpyro import PSGLD, SGHMC, SGLD, SGNHT  # noqa: E402
+from ppl_sgmcmc.numpyro import PSGLD, SGHMC, SGLD, SGNHT, prng  # noqa: E402
 from ppl_sgmcmc.rules import StochasticGradient, psgld, sghmc, sgld, sgnht  # noqa: E402
 
 BATCH = 100
@@ -302,15 +302,19 @@ def make_hand_gradient(X, y):
     return gradient
 
 
-def make_scan_chain(rule, hyper, step_size, X, y, steps):
+def make_scan_chain(rule, hyper, step_size, X, y, steps, draws="jax"):
+    """The hand-written chain and its step. ``draws="jax"`` (the issue's reference): ``jax.random`` as a user
+    writes it; ``"unrolled"``: the same numbers through :data:`ppl_sgmcmc.numpyro.prng.UNROLLED`, as the kernel
+    draws them, so that what is left between the two is the kernel's own work."""
     N, d = X.shape
     gradient = make_hand_gradient(X, y)
+    split, wrap = (prng.split, prng.unrolled) if draws == "unrolled" else (random.split, lambda key: key)
 
     def one_step(x, rule_state, key):
-        key, key_draw, key_noise = random.split(key, 3)
-        idx = (random.bits(key_draw, (BATCH,), jnp.uint32) % N).astype(jnp.int32)  # as ours, for N <= 2^18
+        key, key_draw, key_noise = split(key, 3)
+        idx = (random.bits(wrap(key_draw), (BATCH,), jnp.uint32) % N).astype(jnp.int32)  # as ours, for N <= 2^18
         x, rule_state, _ = rule.step(
-            x, rule_state, lambda z: gradient(z, idx), random.normal(key_noise, x.shape), step_size, **hyper
+            x, rule_state, lambda z: gradient(z, idx), random.normal(wrap(key_noise), x.shape), step_size, **hyper
         )
         return x, rule_state, key
 
@@ -483,6 +487,7 @@ def decompose(spec, X, y, steps, repeats, num_chains=None):
     kernel = make_kernel()
     d = X.shape[1]
     _, one_step = make_scan_chain(rule, hyper, step_size, X, y, steps)
+    _, one_step_unrolled = make_scan_chain(rule, hyper, step_size, X, y, steps, draws="unrolled")
     if num_chains is None:
         state0 = kernel.init(random.PRNGKey(0), 0, None, (X, y), {})
         key0, x0 = random.PRNGKey(0), jnp.zeros(d)
@@ -491,7 +496,7 @@ def decompose(spec, X, y, steps, repeats, num_chains=None):
         key0, x0 = random.split(random.PRNGKey(0), num_chains), jnp.zeros((num_chains, d))
         state0 = kernel.init(key0, 0, {"w": x0}, (X, y), {})
         rs0 = jax.vmap(lambda x: rule.init(x, x + 1.0, **call_kwargs(rule.init, hyper)))(x0)
-        one_step = jax.vmap(one_step)
+        one_step, one_step_unrolled = jax.vmap(one_step), jax.vmap(one_step_unrolled)
 
     def ours(collect):
         def body(state, _):
@@ -500,7 +505,7 @@ def decompose(spec, X, y, steps, repeats, num_chains=None):
 
         return jax.jit(lambda state: lax.scan(body, state, None, length=steps))
 
-    def hand(collect):
+    def hand(collect, one_step):
         def body(carry, _):
             carry = one_step(*carry)
             return carry, (carry[0] if collect else None)
@@ -510,7 +515,8 @@ def decompose(spec, X, y, steps, repeats, num_chains=None):
     fns = {}
     for collect in (False, True):
         fns[("ours", collect)] = (ours(collect), state0)
-        fns[("hand", collect)] = (hand(collect), (x0, rs0, key0))
+        fns[("hand", collect)] = (hand(collect, one_step), (x0, rs0, key0))
+        fns[("hand unrolled", collect)] = (hand(collect, one_step_unrolled), (x0, rs0, key0))
     return interleaved_rates(fns, steps, repeats)
 
 
@@ -551,11 +557,14 @@ def step_costs(spec, X, y, steps, repeats):
 
             compiled = jax.jit(lambda state, body=body: lax.scan(body, state, None, length=steps)[0])
             fns[name] = (compiled.lower(state0).compile(), state0)
-    _, one_step = make_scan_chain(rule, hyper, step_size, X, y, steps)
     x0 = jnp.zeros(X.shape[1])
     rs0 = rule.init(x0, x0 + 1.0, **call_kwargs(rule.init, hyper))
-    hand = jax.jit(lambda carry: lax.scan(lambda carry, _: (one_step(*carry), None), carry, None, length=steps)[0])
-    fns["hand step"] = (hand, (x0, rs0, random.PRNGKey(0)))
+    for name, draws in (("hand step", "jax"), ("hand step, unrolled draws", "unrolled")):
+        _, one_step = make_scan_chain(rule, hyper, step_size, X, y, steps, draws=draws)
+        hand = jax.jit(
+            lambda carry, one_step=one_step: lax.scan(lambda c, _: (one_step(*c), None), carry, None, length=steps)[0]
+        )
+        fns[name] = (hand, (x0, rs0, random.PRNGKey(0)))
     return interleaved_rates(fns, steps, repeats)
 
 
@@ -1013,7 +1022,8 @@ def main(argv=None):
         # baselines are compiled first and timed before and after the MCMC runs, so that their
         # best-of spans the same stretch of time (the machine is shared; its speed drifts)
         chain = jax.jit(make_scan_chain(rule, hyper, step_size, X, y, steps)[0])
-        timed = [(chain, random.PRNGKey(1), [])]
+        chain_unrolled = jax.jit(make_scan_chain(rule, hyper, step_size, X, y, steps, draws="unrolled")[0])
+        timed = [(chain, random.PRNGKey(1), []), (chain_unrolled, random.PRNGKey(1), [])]
         if bj_name is not None:
             bj_chain = jax.jit(make_blackjax_chain(bj_name, hyper, step_size, X, y, steps))
             timed.append((bj_chain, random.PRNGKey(2), []))
@@ -1026,7 +1036,7 @@ def main(argv=None):
         between = [lambda fn=fn, key=key, times=times: times.append(best_time(fn, key, repeats=1, compile=False))
                    for fn, key, times in timed]
         ours = steady_rate(make_kernel, X, y, steps, rounds=rounds, between=between, progress_bar=False)
-        (t_scan, xs), *rest = [min(times, key=lambda r: r[0]) for _, _, times in timed]
+        (t_scan, xs), (t_unrolled, _), *rest = [min(times, key=lambda r: r[0]) for _, _, times in timed]
         finite = ours["finite"] and bool(jnp.all(jnp.isfinite(xs[-1])))
         bj = sj = None
         if bj_name is not None:
@@ -1044,6 +1054,7 @@ def main(argv=None):
             e2e=ours["e2e"],
             compile=ours["compile"],
             scan=steps / t_scan,
+            scan_unrolled=steps / t_unrolled,
             blackjax=bj,
             bj_name=(("~" if bj_nearest else "") + bj_name + (f", K={BLACKJAX_SGHMC_STEPS}" if bj_name == "sghmc" else ""))
             if bj_name
@@ -1056,7 +1067,8 @@ def main(argv=None):
         rows.append(row)
         print(
             f"  measured {label:<26} ours {fmt(row['ours']):>7}/s (S/2S difference {fmt(row['ours_diff'])}/s)  "
-            f"scan {fmt(row['scan']):>7}/s  blackjax {fmt(bj):>7}/s  sgmcmcjax {fmt(sj):>7}/s  "
+            f"scan {fmt(row['scan']):>7}/s  scan, unrolled draws {fmt(row['scan_unrolled']):>7}/s  "
+            f"blackjax {fmt(bj):>7}/s  sgmcmcjax {fmt(sj):>7}/s  "
             f"all chains finite: {finite}",
             flush=True,
         )
@@ -1064,22 +1076,25 @@ def main(argv=None):
     print()
     print(f"## Steady-state steps/s, one chain, progress_bar=False (S={steps})")
     print()
-    print("| kernel | ours steps/s | scan steps/s | ours/scan | blackjax steps/s | ours/blackjax "
-          "| sgmcmcjax steps/s | ours/sgmcmcjax | ours, S/2S difference | ours end-to-end, S steps (s) "
-          "| of which compile (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| kernel | ours steps/s | scan steps/s | ours/scan | scan, unrolled draws | ours/that | blackjax steps/s "
+          "| ours/blackjax | sgmcmcjax steps/s | ours/sgmcmcjax | ours, S/2S difference "
+          "| ours end-to-end, S steps (s) | of which compile (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         bj = "—" if r["blackjax"] is None else f"{fmt(r['blackjax'])} ({r['bj_name']})"
         ratio_bj = "—" if r["blackjax"] is None else f"{r['ours'] / r['blackjax']:.2f}"
         sj = "—" if r["sgmcmcjax"] is None else f"{fmt(r['sgmcmcjax'])} ({r['sj_name']})"
         ratio_sj = "—" if r["sgmcmcjax"] is None else f"{r['ours'] / r['sgmcmcjax']:.2f}"
         print(
-            f"| {r['kernel']} | {fmt(r['ours'])} | {fmt(r['scan'])} | {r['ours'] / r['scan']:.2f} | {bj} "
+            f"| {r['kernel']} | {fmt(r['ours'])} | {fmt(r['scan'])} | {r['ours'] / r['scan']:.2f} "
+            f"| {fmt(r['scan_unrolled'])} | {r['ours'] / r['scan_unrolled']:.2f} | {bj} "
             f"| {ratio_bj} | {sj} | {ratio_sj} | {fmt(r['ours_diff'])} | {r['e2e']:.2f} | {r['compile']:.2f} |"
         )
     print()
     print("ours: best run of s / sampling time (from the end of the loop's compilation to the end of the run);")
     print("S/2S difference: S / (sampling time of the 2S run - that of the S run). scan, blackjax, sgmcmcjax: best timed call.")
+    print("scan, unrolled draws: the hand-written scan drawing the same numbers through ppl_sgmcmc.numpyro.prng, as")
+    print("the kernel does (jax.random's Threefry is a rolled loop on XLA:CPU): what is left is the kernel's own work.")
     print("~name: the nearest BlackJAX algorithm, not the same update (see RESULTS.md). BlackJAX SGHMC, K=10:")
     print("its rate counts integration steps, with one minibatch and one momentum draw per 10 steps: not a")
     print("per-step comparison (with K=1 its gradient is dead code and it runs a gradient-free random walk).")
@@ -1120,8 +1135,8 @@ def main(argv=None):
     print(f"## Vectorised chains, chain_method='vectorized' (S={vec_steps}; steps/s of each chain)")
     print()
     print("| kernel | chains | ours (MCMC) | scan, jax.vmap over chains | ours/scan "
-          "| kernel.sample, bare scan | hand step, bare scan | sample/hand |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| kernel.sample, bare scan | hand step, bare scan | sample/hand | hand step, unrolled draws | sample/that |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for spec in kernel_specs():
         if spec[0] not in QUICK_KERNELS:
             continue
@@ -1137,7 +1152,8 @@ def main(argv=None):
             print(
                 f"| {label} | {num_chains} | {fmt(vec['rate'])} | {fmt(vscan)} | {vec['rate'] / vscan:.2f} "
                 f"| {fmt(bare['ours', False])} | {fmt(bare['hand', False])} "
-                f"| {bare['ours', False] / bare['hand', False]:.2f} |",
+                f"| {bare['ours', False] / bare['hand', False]:.2f} | {fmt(bare['hand unrolled', False])} "
+                f"| {bare['ours', False] / bare['hand unrolled', False]:.2f} |",
                 flush=True,
             )
 
@@ -1146,15 +1162,16 @@ def main(argv=None):
     print(f"## Where the time goes: one step in a bare lax.scan, compiled once (S={steps // 2}, best of {repeats})")
     print()
     print("| kernel | hand step | hand step + store z (= scan column) | kernel.sample | kernel.sample + store z "
-          "| MCMC (table above) | sample/hand |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| MCMC (table above) | sample/hand | hand step, unrolled draws | sample/that |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for spec in specs:
         if spec[0] not in (("SGLD",) if args.quick else ("SGLD", "SGNHT multivar. splitting", "PSGLD")):
             continue
         r = decompose(spec, X, y, steps // 2, repeats)
         print(
             f"| {spec[0]} | {fmt(r['hand', False])} | {fmt(r['hand', True])} | {fmt(r['ours', False])} "
-            f"| {fmt(r['ours', True])} | {fmt(by_label[spec[0]]['ours'])} | {r['ours', False] / r['hand', False]:.2f} |",
+            f"| {fmt(r['ours', True])} | {fmt(by_label[spec[0]]['ours'])} | {r['ours', False] / r['hand', False]:.2f} "
+            f"| {fmt(r['hand unrolled', False])} | {r['ours', False] / r['hand unrolled', False]:.2f} |",
             flush=True,
         )
 
@@ -1163,7 +1180,8 @@ def main(argv=None):
     print(f"## What the step's bookkeeping costs: kernel.sample in a bare lax.scan (S={steps // 2}, best of "
           f"{2 * repeats + 1}, interleaved), pieces taken out by patching (not valid samplers)")
     print()
-    names = ("as run", "no health branch", "no noise estimate", "neither", "neither, no guard", "hand step")
+    names = ("as run", "no health branch", "no noise estimate", "neither", "neither, no guard", "hand step",
+             "hand step, unrolled draws")
     print("| kernel | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     for spec in specs:

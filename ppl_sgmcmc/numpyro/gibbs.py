@@ -54,13 +54,14 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-from jax import lax, random
+from jax import lax
 from numpyro.handlers import condition, seed, substitute, trace
 from numpyro.infer.util import compute_log_probs, constrain_fn
 
 from ppl_sgmcmc import _checks
 from ppl_sgmcmc._checks import GibbsFnError  # noqa: F401  (re-exported: raised by the sweeps)
 from ppl_sgmcmc.algorithms import GibbsOptions
+from ppl_sgmcmc.numpyro import prng
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.potential import ModelTarget, _values_and_deterministic
 
@@ -107,7 +108,7 @@ class GibbsTarget(ModelTarget):
         return None
 
     def draw(self, rng_key, batch_state, replace=None):
-        key_indices, key_local = random.split(rng_key)
+        key_indices, key_local = prng.split(rng_key, 2)
         indices, batch_state = super().draw(key_indices, batch_state, replace)
         return (indices, key_local), batch_state
 
@@ -128,7 +129,7 @@ class GibbsTarget(ModelTarget):
     def local_samples(self, flat, unravel, batch, model_args, model_kwargs):
         """The kept sweeps of the local sites at the position ``flat``: ``{name: (kept, *shape)}``."""
         indices, rng_key = batch
-        key_init, key_sweeps = random.split(rng_key)
+        key_init, key_sweeps = prng.split(rng_key, 2)
         z = unravel(lax.stop_gradient(flat))
         model = self._with_latents(substitute(self.model, data=indices), z)
         model_trace = self._prior_local(model, key_init, model_args, model_kwargs)
@@ -148,9 +149,9 @@ class GibbsTarget(ModelTarget):
             return new, new
 
         if self.gibbs_init is not None:
-            key_init, key_sweeps = random.split(key_sweeps)
+            key_init, key_sweeps = prng.split(key_sweeps, 2)
             local = update(self.gibbs_init, "gibbs_init", local, key_init)
-        keys = random.split(key_sweeps, self.burn_in + self.kept)
+        keys = prng.split(key_sweeps, self.burn_in + self.kept)
         local, _ = lax.scan(lambda c, k: (sweep(c, k)[0], None), local, keys[: self.burn_in])
         _, kept = lax.scan(sweep, local, keys[self.burn_in :])
         return kept

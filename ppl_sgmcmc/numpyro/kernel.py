@@ -21,7 +21,7 @@ from numpyro.util import is_prng_key
 
 from ppl_sgmcmc import _checks, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
-from ppl_sgmcmc.numpyro import gibbs, sharding, warmup
+from ppl_sgmcmc.numpyro import gibbs, prng, sharding, warmup
 from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.potential import (
     ModelTarget,
@@ -123,7 +123,7 @@ def _draw_keys(rng_key, size):
     step splits its key into the next step's key, its draw's key and its noise's key: see ``_step``)."""
 
     def body(key, _):
-        key, key_draw, _ = random.split(key, 3)
+        key, key_draw, _ = prng.split(key, 3)
         return key, key_draw
 
     return lax.scan(body, rng_key, None, length=size)[1]
@@ -152,7 +152,7 @@ def _all_finite(tree):
 def _refresh_noise(key_noise, like):
     """The standard normal draw that redraws the momentum of a rejected step: a key folded from the step's
     noise key, so the draws of accepted steps are those of a kernel without the redraw."""
-    return random.normal(random.fold_in(key_noise, 1), like.shape, like.dtype)
+    return random.normal(random.fold_in(prng.unrolled(key_noise), 1), like.shape, like.dtype)
 
 
 class SGMCMCKernel(Algorithm, MCMCKernel):
@@ -688,7 +688,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     def _step(self, state, model_args, model_kwargs):
         """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite,
         measure the gradient noise and, during the warm-up, adapt."""
-        rng_key, key_draw, key_noise = random.split(state.rng_key, 3)
+        # the step's draws are JAX's, through an unrolled hash (`prng`): a third of a small model's step otherwise
+        rng_key, key_draw, key_noise = prng.split(state.rng_key, 3)
         if self._stream_block is None:
             batch, batch_state = self._target.draw(key_draw, state.batch_state)
         else:  # the rows of the next steps, read ahead at the indices those steps draw
@@ -711,7 +712,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             lambda x: self._target.gradient(x, self._unravel, batch, model_args, model_kwargs),
             state.i,
         )
-        noise_draw = random.normal(key_noise, flat.shape, flat.dtype)
+        noise_draw = random.normal(prng.unrolled(key_noise), flat.shape, flat.dtype)
         step_size = jnp.asarray(self.step_size_in(state.adapt_state, state.i), flat.dtype)
         new_flat, rule_state, gradient, at_start = self._move(
             flat, state.rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state

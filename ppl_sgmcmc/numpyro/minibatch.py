@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax import custom_batching, lax, random, vmap
 
+from ppl_sgmcmc.numpyro import prng
+
 # Above this plate size, ``bits mod N`` would be measurably non-uniform; use randint.
 _MAX_MODULO_SIZE = 2**18
 
@@ -79,6 +81,7 @@ def uniform_indices(rng_key: jax.Array, size: int, n: int) -> jax.Array:
         >>> idx.shape, idx.dtype, bool(((idx >= 0) & (idx < 10)).all())
         ((5,), dtype('int32'), True)
     """
+    rng_key = prng.unrolled(rng_key)  # JAX's numbers, drawn without XLA:CPU's rolled hash loop
     if size <= _MAX_MODULO_SIZE:
         return (random.bits(rng_key, (n,), jnp.uint32) % size).astype(jnp.int32)
     return random.randint(rng_key, (n,), 0, size)
@@ -136,7 +139,7 @@ def draw(
         >>> int(state.position["data"])
         3
     """
-    keys = dict(zip(plate_sizes, random.split(rng_key, len(plate_sizes)) if len(plate_sizes) > 1 else [rng_key]))
+    keys = dict(zip(plate_sizes, prng.split(rng_key, len(plate_sizes)) if len(plate_sizes) > 1 else [rng_key]))
     if replace:
         return {name: uniform_indices(keys[name], size, n) for name, (size, n) in plate_sizes.items()}, state
     indices, permutation, position = {}, {}, {}

@@ -1,0 +1,124 @@
+"""The unrolled Threefry draws: JAX's numbers exactly, and the kernels' chains unchanged by them."""
+
+import warnings
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import random
+from numpyro.infer import MCMC
+
+from ppl_sgmcmc.numpyro import SGHMC, SGLD, SGNHT, prng
+from tests.numpyro.conftest import logistic_model
+
+DRAWS = {
+    "split": lambda key: random.key_data(random.split(key, 3)) if _typed(key) else random.split(key, 3),
+    "split, 2-d shape": lambda key: random.key_data(random.split(key, (2, 5))) if _typed(key)
+    else random.split(key, (2, 5)),
+    "fold_in": lambda key: random.key_data(random.fold_in(key, 7)) if _typed(key) else random.fold_in(key, 7),
+    "fold_in, data above 2^31": lambda key: random.key_data(random.fold_in(key, 2**31 + 5)) if _typed(key)
+    else random.fold_in(key, 2**31 + 5),
+    "bits, 32": lambda key: random.bits(key, (5, 7), jnp.uint32),
+    "bits, 16": lambda key: random.bits(key, (11,), jnp.uint16),
+    "bits, 8": lambda key: random.bits(key, (3, 3), jnp.uint8),
+    "bits, scalar": lambda key: random.bits(key, (), jnp.uint32),
+    "normal": lambda key: random.normal(key, (123,)),
+    "uniform": lambda key: random.uniform(key, (3, 4)),
+    "randint": lambda key: random.randint(key, (100,), 0, 32561),
+    "permutation": lambda key: random.permutation(key, 50),
+    "gamma": lambda key: random.gamma(key, 2.0, (5,)),
+}
+
+
+def _typed(key):
+    return jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+
+
+@pytest.mark.parametrize("draw", list(DRAWS), ids=list(DRAWS))
+def test_the_numbers_of_jax_threefry(draw):
+    fn, key = DRAWS[draw], random.PRNGKey(42)
+    expected = fn(key)
+    np.testing.assert_array_equal(fn(prng.unrolled(key)), expected)
+    np.testing.assert_array_equal(jax.jit(fn)(prng.unrolled(key)), expected)
+    keys = random.split(key, 4)
+    np.testing.assert_array_equal(jax.vmap(lambda k: fn(prng.unrolled(k)))(keys), jax.vmap(fn)(keys))
+
+
+def test_64_bit_draws():
+    with jax.enable_x64(True):
+        key = random.PRNGKey(3)
+        np.testing.assert_array_equal(random.bits(prng.unrolled(key), (9,), jnp.uint64),
+                                      random.bits(key, (9,), jnp.uint64))
+        np.testing.assert_array_equal(random.normal(prng.unrolled(key), (9,)), random.normal(key, (9,)))
+
+
+def test_split_keeps_the_keys_representation():
+    raw, typed = random.PRNGKey(0), random.key(0)
+    assert prng.unrolled(raw).dtype == prng.unrolled(typed).dtype != typed.dtype
+    keys = prng.split(raw, 3)
+    assert keys.dtype == jnp.uint32 and keys.shape == (3, 2)
+    np.testing.assert_array_equal(keys, random.split(raw, 3))
+    keys = prng.split(typed, 3)
+    assert keys.dtype == typed.dtype
+    np.testing.assert_array_equal(random.key_data(keys), random.key_data(random.split(typed, 3)))
+
+
+def test_other_keys_are_left_to_jax():
+    rbg = random.key(0, impl="rbg")
+    assert prng.unrolled(rbg) is rbg
+    raw_rbg = random.key_data(rbg)  # uint32 of shape (4,): not a Threefry key
+    assert prng.unrolled(raw_rbg) is raw_rbg
+    assert prng.split(rbg, 2).dtype == rbg.dtype
+    key = random.PRNGKey(0)
+    with jax.threefry_partitionable(False):  # JAX counts otherwise: its own implementation draws
+        assert prng.unrolled(key) is key
+        np.testing.assert_array_equal(prng.split(key, 3), random.split(key, 3))
+
+
+def _jax_threefry():
+    """The kernels' draws through JAX's own Threefry (its rolled loop on the CPU)."""
+    return mock.patch.multiple(prng, unrolled=lambda key: key, split=random.split)
+
+
+CHAINS = {
+    "SGNHT, tuned": (lambda: SGNHT(logistic_model), {}),
+    "SGLD, without replacement": (lambda: SGLD(logistic_model, step_size=1e-3, replace=False), {}),
+    "SGHMC, vectorized chains": (lambda: SGHMC(logistic_model, step_size=1e-2),
+                                 dict(num_chains=2, chain_method="vectorized")),
+}
+
+
+@pytest.mark.parametrize("chain", list(CHAINS), ids=list(CHAINS))
+def test_a_chain_is_the_chain_jax_threefry_draws(chain, logistic_data):
+    make_kernel, options = CHAINS[chain]
+
+    def run():
+        mcmc = MCMC(make_kernel(), num_warmup=200, num_samples=100, progress_bar=False, **options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mcmc.run(random.PRNGKey(1), *logistic_data)
+        return mcmc.get_samples(), mcmc.last_state.rng_key
+
+    samples, key = run()
+    with _jax_threefry():
+        expected, expected_key = run()
+    for site in expected:
+        np.testing.assert_array_equal(samples[site], expected[site])
+    np.testing.assert_array_equal(key, expected_key)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="JAX rolls the Threefry loop on the CPU only")
+def test_the_step_has_no_rolled_hash_loop(logistic_data):
+    """The step's HLO has no loop (JAX's own Threefry puts one per draw: a split, the indices, the noise)."""
+
+    def loops():
+        kernel = SGLD(logistic_model, step_size=1e-3)
+        state = kernel.init(random.PRNGKey(0), 0, None, logistic_data, {})
+        text = jax.jit(lambda s: kernel.sample(s, logistic_data, {})).lower(state).compile().as_text()
+        return text.count(" while(")
+
+    assert loops() == 0
+    with _jax_threefry():
+        assert loops() == 3
