@@ -688,7 +688,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     def _step(self, state, model_args, model_kwargs):
         """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite,
         measure the gradient noise and, during the warm-up, adapt."""
-        # the step's draws are JAX's, through an unrolled hash (`prng`): a third of a small model's step otherwise
+        # the step's draws are JAX's numbers through an unrolled hash (`prng`): no rolled loop per draw on XLA:CPU
         rng_key, key_draw, key_noise = prng.split(state.rng_key, 3)
         if self._stream_block is None:
             batch, batch_state = self._target.draw(key_draw, state.batch_state)

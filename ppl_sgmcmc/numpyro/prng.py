@@ -2,8 +2,8 @@
 
 An SG-MCMC step of a small model draws three times from JAX's PRNG: a key split, the minibatch's indices and the
 injected noise. On the CPU, JAX lowers each Threefry hash as a rolled loop of five iterations (to keep compile times
-down), and XLA:CPU runs every iteration's operations one by one; on a model of a hundred coordinates those loops took
-about a third of the step. :data:`UNROLLED` is a PRNG implementation (``jax.extend.random.define_prng_impl``) that
+down), and XLA:CPU runs every iteration's operations one by one: for a small model, those loops are a large part of
+the step. :data:`UNROLLED` is a PRNG implementation (``jax.extend.random.define_prng_impl``) that
 computes the same hash with its 20 rounds written out, which XLA fuses like any elementwise code: the same bits as
 JAX's ``threefry2x32`` for every key, shape and width (the counter layout of ``jax_threefry_partitionable``, JAX's
 default), so a chain is the same, draw for draw, whichever implementation draws it. Measured in
