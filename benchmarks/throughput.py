@@ -46,9 +46,9 @@ gradient's time goes (Pyro's usual trace, the kernel's eager handler, the traced
 
 Usage (from the repository root)::
 
-    PYTHONPATH=. python benchmarks/throughput.py             # ~5 min on 2 idle CPU cores
-    PYTHONPATH=. python benchmarks/throughput.py --quick     # two kernels, fewer rows, ~2 min
-    PYTHONPATH=. python benchmarks/throughput.py --steps 40000 --rounds 4
+    PYTHONPATH=. python benchmarks/throughput.py             # ~11 min on 2 idle CPU cores
+    PYTHONPATH=. python benchmarks/throughput.py --quick     # two kernels, fewer rows, ~4 min
+    PYTHONPATH=. python benchmarks/throughput.py --steps 160000 --rounds 4
     PYTHONPATH=. python benchmarks/throughput.py --pyro-only --rounds 3   # the Pyro rows only
     PYTHONPATH=. python benchmarks/throughput.py --repeated-runs  # compilation of repeated runs, ~3 min
     PYTHONPATH=. python benchmarks/throughput.py --health-callback  # the in-loop health report's cost, ~1 min
@@ -982,8 +982,10 @@ def fmt(x, spec=",.0f"):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=None, help="S: steps of the shorter MCMC run (default 40000)")
-    parser.add_argument("--quick", action="store_true", help="smoke test: two kernels, fewer rows (~2 min)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="S: steps of the shorter MCMC run (default 80000: a shorter run's fixed tail weighs "
+                             "on a fast step)")
+    parser.add_argument("--quick", action="store_true", help="smoke test: two kernels, fewer rows (~4 min)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="MCMC runs per configuration, alternately S and 2S steps (default 2); "
                              "each baseline is timed once per round plus once before")
@@ -996,7 +998,7 @@ def main(argv=None):
     parser.add_argument("--pyro-steps", type=int, default=None, help=f"steps per Pyro run (default {PYRO_STEPS})")
     args = parser.parse_args(argv)
     pyro_steps = args.pyro_steps or (1000 if args.quick else PYRO_STEPS)
-    steps = args.steps or 20000
+    steps = args.steps or 80000
     rounds = args.rounds or 2
     repeats = rounds + 1
     pbar_steps = max(steps // 10, 1000)  # the progress-bar path runs 5-20x slower
