@@ -303,7 +303,7 @@ def make_hand_gradient(X, y):
 
 
 def make_scan_chain(rule, hyper, step_size, X, y, steps, draws="jax"):
-    """The hand-written chain and its step. ``draws="jax"`` (the issue's reference): ``jax.random`` as a user
+    """The hand-written chain and its step. ``draws="jax"`` (the reference): ``jax.random`` as a user
     writes it; ``"unrolled"``: the same numbers through :data:`ppl_sgmcmc.numpyro.prng.UNROLLED`, as the kernel
     draws them, so that what is left between the two is the kernel's own work."""
     N, d = X.shape
@@ -520,6 +520,15 @@ def decompose(spec, X, y, steps, repeats, num_chains=None):
     return interleaved_rates(fns, steps, repeats)
 
 
+def sample_scan(kernel, X, y, steps):
+    """``jax.jit`` of ``steps`` calls of ``kernel.sample`` in a bare ``lax.scan``, storing nothing: state -> state."""
+
+    def body(state, _):
+        return kernel.sample(state, (X, y), {}), None
+
+    return jax.jit(lambda state: lax.scan(body, state, None, length=steps)[0])
+
+
 def step_costs(spec, X, y, steps, repeats):
     """What each piece of bookkeeping in the kernel's step costs: steps/s of ``kernel.sample`` in a bare
     ``lax.scan`` (compiled once, interleaved best of ``repeats``) with the pieces taken out one at a time by
@@ -551,12 +560,7 @@ def step_costs(spec, X, y, steps, repeats):
                 stack.enter_context(patch)
             kernel = make_kernel()
             state0 = kernel.init(random.PRNGKey(0), 0, None, (X, y), {})
-
-            def body(state, _, kernel=kernel):
-                return kernel.sample(state, (X, y), {}), None
-
-            compiled = jax.jit(lambda state, body=body: lax.scan(body, state, None, length=steps)[0])
-            fns[name] = (compiled.lower(state0).compile(), state0)
+            fns[name] = (sample_scan(kernel, X, y, steps).lower(state0).compile(), state0)
     x0 = jnp.zeros(X.shape[1])
     rs0 = rule.init(x0, x0 + 1.0, **call_kwargs(rule.init, hyper))
     for name, draws in (("hand step", "jax"), ("hand step, unrolled draws", "unrolled")):
@@ -583,12 +587,8 @@ def tuned_costs(X, y, steps, repeats, warmup=1000):
     }
     fns = {}
     for name, kernel in kernels.items():
-        def body(state, _, kernel=kernel):
-            return kernel.sample(state, (X, y), {}), None
-
-        state = kernel.init(random.PRNGKey(0), warmup, None, (X, y), {})
-        state = jax.jit(lambda s, body=body: lax.scan(body, s, None, length=warmup)[0])(state)
-        fns[name] = (jax.jit(lambda s, body=body: lax.scan(body, s, None, length=steps)[0]).lower(state).compile(), state)
+        state = sample_scan(kernel, X, y, warmup)(kernel.init(random.PRNGKey(0), warmup, None, (X, y), {}))
+        fns[name] = (sample_scan(kernel, X, y, steps).lower(state).compile(), state)
     return interleaved_rates(fns, steps, repeats)
 
 
