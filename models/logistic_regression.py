@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
-from numpyro.infer import MCMC
 
 from models.datasets import load_a9a
 
@@ -89,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     kernel = getattr(sg, args.kernel)(
         model, step_size=args.step_size, integrator=args.integrator, steps_per_sample=args.thinning, **options
     )
-    mcmc = MCMC(
+    mcmc = sg.MCMC(  # NumPyro's MCMC, with the end-of-run verdict (ppl_sgmcmc.verdict)
         kernel,
         num_warmup=args.num_warmup // args.thinning,
         num_samples=args.num_samples // args.thinning,
@@ -111,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"step size per chain ({tuned}): {steps}; noise ratio median {float(jnp.median(ratio)):.2f}")
     print(f"test accuracy {accuracy:.2%}   (Li et al. 2016, Table 2: {paper:.2%})")
     print(f"rejected non-finite steps: {int(mcmc.last_state.num_diverging.sum())}")
+    verdict = mcmc.last_verdict
+    print(f"verdict: {'passed' if verdict.ok else 'FAILED'} (largest R-hat {verdict.rhat:.3f} on {verdict.rhat_of}, "
+          f"smallest ESS bulk {verdict.ess_bulk:.0f} / tail {verdict.ess_tail:.0f}, drift {verdict.drift:.2f} s.e.)")
 
     idata = sg.to_inference_data(mcmc)
     summary = az.summary(idata, var_names=["w"])

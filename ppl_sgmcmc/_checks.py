@@ -67,10 +67,12 @@ def first_step_size(value, kernel):
 def mass_options(adapt_mass_matrix, dense_mass, tuned, can_adapt, reason, kernel):
     """``(adapt_mass_matrix, dense_mass)`` resolved: the adaptation defaults to on when the step size is tuned
     (``tuned``), which needs it; an algorithm that cannot adapt (``can_adapt`` false, for ``reason``) refuses it
-    and cannot tune its step size."""
+    and cannot tune its step size. ``dense_mass=None`` (chosen by the dimension) stays ``None`` while the
+    preconditioner adapts, and is ``False`` when it does not."""
     if adapt_mass_matrix is not None:
         adapt_mass_matrix = boolean("adapt_mass_matrix", adapt_mass_matrix, kernel)
-    dense_mass = boolean("dense_mass", dense_mass, kernel)
+    if dense_mass is not None:
+        dense_mass = boolean("dense_mass", dense_mass, kernel)
     if not can_adapt:
         if adapt_mass_matrix or dense_mass:
             raise ValueError(
@@ -93,6 +95,8 @@ def mass_options(adapt_mass_matrix, dense_mass, tuned, can_adapt, reason, kernel
             f"{kernel}: `dense_mass=True` chooses the adapted preconditioner's form, but adapt_mass_matrix=False; "
             "set adapt_mass_matrix=True (or leave the step size to the warm-up)."
         )
+    if dense_mass is None and not adapt_mass_matrix:
+        dense_mass = False
     return adapt_mass_matrix, dense_mass
 
 

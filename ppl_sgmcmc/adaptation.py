@@ -24,7 +24,10 @@ the step size ``h``, a rule's bias on a posterior of unit scale grows with the *
    got wrong (skewed, heavy-tailed) still ends with coordinates of unit scale. Consecutive SG-MCMC draws are
    strongly correlated, so a window's estimate is shrunk towards the current scale by its effective sample
    size, measured by batch means (:func:`window_variance`), and a coordinate the window did not explore
-   (fewer than :data:`MIN_EFFECTIVE` effective draws) keeps its scale. Only variances are estimated from
+   (fewer than three quarters of :data:`MIN_EFFECTIVE` effective draws) keeps its scale; from there to
+   :data:`MIN_EFFECTIVE` the rescaling is phased in, so that the adaptation stays a continuous function of
+   what it measured (a rounding-level difference, as between rows sharded over devices or not, does not
+   decide whether a coordinate is rescaled). Only variances are estimated from
    draws: a window holds far too few effective draws for a dense covariance; the Hessian carries the
    correlations.
 
@@ -81,6 +84,7 @@ __all__ = [
     "newton_direction",
     "pullback_grad_fn",
     "rescale",
+    "rescaling_weight",
     "to_theta",
     "to_u",
     "tuned_step_size",
@@ -100,8 +104,9 @@ BATCHES = 16
 #: A window's variance estimate with ``n_eff`` effective draws is shrunk towards the current scale as
 #: ``(n_eff v + SHRINKAGE) / (n_eff + SHRINKAGE)`` (Stan shrinks by its draw count with 5, towards 10⁻³).
 SHRINKAGE = 10
-#: Coordinates with fewer effective draws in a window keep their scale (a trend across the window gives
-#: about ``BATCHES`` by batch means, whatever its length).
+#: Coordinates with this many effective draws in a window are rescaled by its variance; with fewer than three
+#: quarters as many they keep their scale (a trend across the window gives about ``BATCHES`` by batch means, whatever its
+#: length), and in between the rescaling's logarithm is weighted linearly in ``n_eff`` (:func:`rescaling_weight`).
 MIN_EFFECTIVE = 2 * BATCHES
 
 #: Besides at the windows' ends, the step size is re-tuned whenever this fraction of the warm-up has passed
@@ -269,6 +274,22 @@ def window_variance(moments: WindowMoments) -> tuple[Array, Array]:
     spread = spread / xp.maximum(num_batches - 1, xp.ones_like(num_batches))
     n_eff = num_batches * variance / xp.where(spread > 0, spread, xp.ones_like(spread))
     return variance, xp.where(spread > 0, xp.minimum(n_eff, n), n)
+
+
+def rescaling_weight(n_eff: Array) -> Array:
+    """How much of a window's rescaling a coordinate with ``n_eff`` effective draws takes, as the exponent of its
+    factor: ``clip(4 n_eff / MIN_EFFECTIVE - 3, 0, 1)``, 0 up to three quarters of :data:`MIN_EFFECTIVE`, 1 from it
+    on, linear in between: a continuous function of what the window measured.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.adaptation import MIN_EFFECTIVE, rescaling_weight
+        >>> rescaling_weight(jnp.array([0.0, 0.75 * MIN_EFFECTIVE, 0.875 * MIN_EFFECTIVE, MIN_EFFECTIVE, 1e4])).tolist()
+        [0.0, 0.0, 0.5, 1.0, 1.0]
+    """
+    xp = array_namespace(n_eff)
+    return xp.clip(4 * n_eff / MIN_EFFECTIVE - 3, 0.0, 1.0)
 
 
 # --- the preconditioner as a change of variables -------------------------------------------------------
@@ -744,9 +765,10 @@ def adapt_step(
       of :data:`BATCHES` equal parts of the window); while ``step_index < e_{k+1}`` a valid noise term is
       added to the noise sum;
     * at the last step of slow window ``j`` (``step_index + 1 == e_j``, ``1 <= j <= k``) with ``adapt_mass``,
-      each coordinate with at least :data:`MIN_EFFECTIVE` effective draws is rescaled by the square root of
-      its variance in the window shrunk towards 1, ``(n_eff v + 10)/(n_eff + 10)`` (clipped to ``[1/3, 3]``;
-      the preconditioner becomes :func:`rescale` of it), then the noisiest coordinates are shrunk
+      each coordinate is rescaled by the square root of its variance in the window shrunk towards 1,
+      ``(n_eff v + 10)/(n_eff + 10)`` (clipped to ``[1/3, 3]``), raised to :func:`rescaling_weight` of its
+      effective draws (1 from :data:`MIN_EFFECTIVE` on, 0 below three quarters of it; the preconditioner becomes
+      :func:`rescale` of it), then the noisiest coordinates are shrunk
       (:func:`equalize_noise` of the noise measured since the step size was last set), and the moments
       restart;
     * at the end of every window and buffer (``step_index + 1 == e_j``, ``0 <= j <= k + 1``), and whenever
@@ -818,8 +840,9 @@ def adapt_step(
         variance, n_eff = window_variance(moments)
         shrunk = (xp.multiply(n_eff, variance) + SHRINKAGE) / (n_eff + SHRINKAGE)
         proposed = xp.clip(xp.sqrt(shrunk), 1 / MAX_RESCALE, MAX_RESCALE)
-        use = closes_slow & (n_eff >= MIN_EFFECTIVE) & xp.isfinite(proposed)
-        factor = xp.where(use, proposed, one)
+        weight = rescaling_weight(n_eff)
+        use = closes_slow & (weight > 0) & xp.isfinite(proposed)
+        factor = xp.where(use, proposed ** xp.where(use, weight, xp.zeros_like(weight)), one)
         preconditioner = _select(xp.any(use), rescale(preconditioner, factor), preconditioner)
         moments = _select(closes_slow, window_moments(u.shape[0], u), moments)
     measured = noise_sum / xp.astype(xp.maximum(noise_count, xp.ones_like(noise_count)), dtype) * factor**2

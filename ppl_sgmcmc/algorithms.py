@@ -66,6 +66,10 @@ INTEGRATORS = ("splitting", "euler")  # SGHMC's, SGNHT's and CSGHMC's momentum i
 FIND_MODE_STEPS = 1000
 #: The most latent coordinates a dense preconditioner (``dense_mass=True``) accepts.
 MAX_DENSE_DIM = 5000
+#: With ``dense_mass=None`` (the default), the preconditioner is dense up to this many latent coordinates and
+#: diagonal beyond: a dense metric mixes along correlated directions that a diagonal one crosses slowly, and costs
+#: three ``d × d`` matrix-vector products a step, which stay cheap against a minibatch gradient up to about here.
+AUTO_DENSE_MAX = 256
 
 
 class GibbsOptions(NamedTuple):
@@ -150,7 +154,8 @@ class Algorithm:
         SGNHT the dynamics with mass matrix ``Σ⁻¹``; the target is unchanged. Frozen after the warm-up, so
         the post-warm-up chain is a fixed Markov kernel. Default: on when the step size is tuned (which
         needs it). Needs at least :func:`~ppl_sgmcmc.adaptation.minimum_warmup_steps` warm-up steps.
-    :param dense_mass: a dense ``Σ`` (``True``) or a diagonal one (``False``, default), as NumPyro's NUTS.
+    :param dense_mass: a dense ``Σ`` (``True``) or a diagonal one (``False``), as NumPyro's NUTS; ``None``
+        (default): dense for at most :data:`AUTO_DENSE_MAX` latent coordinates, diagonal beyond.
     :param target_noise_ratio: the noise ratio (:mod:`ppl_sgmcmc.noise`) the tuned step size aims at; the
         default is the algorithm's (:attr:`default_noise_ratio`). Smaller values mean less bias and slower
         mixing.
@@ -186,6 +191,11 @@ class Algorithm:
     noise_ratio_limit: ClassVar[float] = 0.5
     #: The largest tuned step size at unit curvature (the discretisation's cap, in preconditioned coordinates).
     max_step_size: ClassVar[float] = 0.2
+    #: Whether a run's draws are a sample to judge at its end (:mod:`ppl_sgmcmc.verdict`); not an optimiser's.
+    samples_posterior: ClassVar[bool] = True
+    #: Set by a driver that judges the whole run after it ends (``ppl_sgmcmc.numpyro.MCMC``,
+    #: :func:`ppl_sgmcmc.checkpoint.run`): the kernel then judges nothing itself.
+    _judged_after_run: bool = False
 
     def __init__(
         self,
@@ -203,7 +213,7 @@ class Algorithm:
         gibbs_init: Callable[..., Any] | None = None,
         find_mode: bool | int | None = None,
         adapt_mass_matrix: bool | None = None,
-        dense_mass: bool = False,
+        dense_mass: bool | None = None,
         target_noise_ratio: float | None = None,
         gradient: str | gradients.GradientEstimator = "minibatch",
     ) -> None:
@@ -477,21 +487,26 @@ class Algorithm:
 
     def _laplace(self, hessian: Any) -> tuple[Any, Any]:
         """The Laplace preconditioner of a new chain's Hessian and its curvature in ``u``
-        (:func:`~ppl_sgmcmc.adaptation.from_hessian`, dense or diagonal by ``dense_mass``); ``hessian`` may be
-        only the diagonal (then the curvature is NaN: the backend measures it)."""
-        return adaptation.from_hessian(hessian, self._dense_mass)
+        (:func:`~ppl_sgmcmc.adaptation.from_hessian`, dense or diagonal by ``dense_mass``, or by the dimension for
+        ``dense_mass=None``); ``hessian`` may be only the diagonal (then the curvature is NaN: the backend measures
+        it)."""
+        return adaptation.from_hessian(hessian, self._dense(hessian.shape[0]) and hessian.ndim == 2)
+
+    def _dense(self, dim: int) -> bool:
+        """Whether a chain of ``dim`` latent coordinates gets a dense preconditioner."""
+        return self._dense_mass if self._dense_mass is not None else self._adapt_mass and dim <= AUTO_DENSE_MAX
 
     def _exact_hessian(self, dim: int, limit: int) -> bool:
         """Whether a new chain's Hessian is computed whole (``d`` Hessian-vector products per minibatch): with a
         dense preconditioner, or up to ``limit`` coordinates; else only its diagonal is estimated. A dense
         preconditioner is refused beyond :data:`MAX_DENSE_DIM` coordinates."""
-        if self._dense_mass and dim > MAX_DENSE_DIM:
+        if self._dense_mass is True and dim > MAX_DENSE_DIM:
             raise ValueError(
                 f"{self.name}: dense_mass=True for {dim} latent coordinates needs a {dim}×{dim} Hessian and a "
                 f"matrix-vector product of that size at every step; the limit is {MAX_DENSE_DIM}. Use the diagonal "
                 "preconditioner (dense_mass=False)."
             )
-        return self._dense_mass or dim <= limit
+        return self._dense(dim) or dim <= limit
 
     def _initial_adaptation(self, position: Any, laplace: Any, probe: Any, rule_state: Any,
                             energy: Any) -> tuple[Any, Any]:  # fmt: skip
@@ -1516,6 +1531,7 @@ class Santa(Algorithm):
 
     rule = santa_rule
     schedulable = ("inverse_temperature",)
+    samples_posterior = False  # an optimiser: its draws anneal to a mode
     can_adapt_mass = False
     can_adapt_mass_reason = (
         "Santa preconditions by its own RMSprop average and anneals its target (β_t → ∞), so no fixed target's "

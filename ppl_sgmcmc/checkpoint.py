@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from ppl_sgmcmc import verdict
+
 if TYPE_CHECKING:  # pragma: no cover
     import arviz as az
 
@@ -154,10 +156,26 @@ def run(mcmc: Any, *args: Any, checkpoint: str | os.PathLike[str], checkpoint_ev
     every = _positive_int("checkpoint_every", checkpoint_every)
     directory = Path(checkpoint)
     directory.mkdir(parents=True, exist_ok=True)
-    if _backend(mcmc) == "numpyro":
-        _run_numpyro(mcmc, args, dict(kwargs), directory, every)
-    else:
-        _run_pyro(mcmc, args, dict(kwargs), directory, every)
+    backend = _backend(mcmc)
+    kernel = mcmc.sampler if backend == "numpyro" else mcmc.kernel
+    own_verdict = getattr(mcmc, "verdict", None)  # `ppl_sgmcmc.numpyro.MCMC` judges each run: here, each chunk
+    kernel._judged_after_run = True  # the chunks are judged together, at the end
+    if own_verdict is not None:
+        mcmc.verdict = False
+    try:
+        if backend == "numpyro":
+            _run_numpyro(mcmc, args, dict(kwargs), directory, every)
+        else:
+            _run_pyro(mcmc, args, dict(kwargs), directory, every)
+    finally:
+        kernel._judged_after_run = False
+        if own_verdict is not None:
+            mcmc.verdict = own_verdict
+    judged = own_verdict is not False and kernel.samples_posterior and getattr(mcmc, "postprocess_fn", None) is None
+    if judged and mcmc.num_samples // getattr(mcmc, "thinning", 1) >= verdict.MIN_DRAWS:
+        from ppl_sgmcmc import diagnostics
+
+        diagnostics.verdict(mcmc)  # the whole run's draws, as one uninterrupted run is judged
 
 
 def load(checkpoint: str | os.PathLike[str]) -> az.InferenceData:

@@ -39,6 +39,8 @@ backend is imported only when a run of it is given, so this module needs no ``to
 - :func:`step_halving_check`: continues each chain with half the step size (and twice the steps per draw)
   and reports the posterior means and standard deviations that moved beyond their Monte Carlo error, the
   signature of a discretisation bias.
+- :func:`verdict`: the end-of-run verdict (:mod:`ppl_sgmcmc.verdict`: R-hat, bulk and tail ESS, burn-in left
+  in the draws, the noise ratio over the kept draws) of any finished run, with its warning.
 - :func:`energy_noise`: for CSGLD and CSGHMC, the standard deviation ``σ`` of the minibatch energy at the
   run's draws, from the per-datum log-likelihoods over the full data, against the energy grid's ``Δu`` and the
   temperature: the noise that biases their importance weights, which halving the step size does not show.
@@ -66,6 +68,7 @@ from jax.scipy.linalg import solve_triangular
 from jax.typing import ArrayLike
 
 from ppl_sgmcmc import algorithms
+from ppl_sgmcmc import verdict as _verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -84,6 +87,7 @@ __all__ = [
     "imq_ksd_linear",
     "ksd",
     "step_halving_check",
+    "verdict",
 ]
 
 # entries of one (chunk_size, m) block when `chunk_size=None`: ~8 MiB per float32 array
@@ -490,6 +494,11 @@ class _Run(Protocol):
     def continue_chains(self, adjust: Callable[[Any], Any], num_draws: int, spacing: int) -> _Continuation:
         """Continue the chains from their final states, each first passed through ``adjust``, for ``num_draws``
         draws ``spacing`` times as many steps apart as the run's."""
+        ...
+
+    def kept(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The run's draws flattened, ``(chains, draws, d)``, and its kept noise ratios and potential energies,
+        ``(chains, draws)`` or ``None``, for :func:`verdict`."""
         ...
 
     def pointwise(self, num_draws: int, chunk_size: int | None) -> "_Pointwise":
@@ -1118,4 +1127,39 @@ def energy_noise(mcmc: Any, num_draws: int = 100, *, chunk_size: int | None = No
             RuntimeWarning,
             stacklevel=2,
         )
+    return result
+
+
+def verdict(mcmc: Any, *, warn: bool = True) -> "_verdict.Verdict":
+    """The end-of-run verdict (:mod:`ppl_sgmcmc.verdict`) of a finished run of a ppl_sgmcmc kernel
+    (``numpyro.infer.MCMC`` or ``pyro.infer.MCMC``), from its kept draws of every latent site and their noise
+    ratios (and the potential energy where it was collected): whether the chains agree (split rank-normalised
+    R-hat), hold enough effective draws (bulk and tail ESS), still drifted (burn-in left in the draws), or met
+    more gradient noise than the step size allows. :class:`ppl_sgmcmc.numpyro.MCMC` and the Pyro kernels
+    (each chain) run it at the end of every run; call it after a ``numpyro.infer.MCMC`` run, or to judge all
+    of a Pyro run's chains together.
+
+    :param mcmc: the finished run.
+    :param warn: also warn (one ``RuntimeWarning`` naming what failed and what to do) if it failed.
+    :return: the :class:`~ppl_sgmcmc.verdict.Verdict`.
+
+    **Example** (two chains of 2000 draws of a standard normal: they agree)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from numpyro.infer import MCMC
+        >>> from ppl_sgmcmc.numpyro import SGLD
+        >>> from ppl_sgmcmc.diagnostics import verdict
+        >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.5)
+        >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=2000, num_chains=2, chain_method="vectorized",
+        ...             progress_bar=False)
+        >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros((2, 2))})
+        >>> verdict(mcmc).ok
+        True
+    """
+    run = _run_of(mcmc, "verdict")
+    draws, noise_ratio, energy = run.kept()
+    result = _verdict.assess(draws, energy=energy, noise_ratio=noise_ratio,
+                             noise_limit=run.kernel.noise_ratio_limit)  # fmt: skip
+    if warn:
+        _verdict.report(result, run.kernel.name)
     return result

@@ -391,6 +391,26 @@ def test_adapt_step_rescales_from_effective_draws(dense: bool) -> None:
     assert 0.8 < scale[2] < 1.25
 
 
+def test_adapt_step_rescaling_is_continuous_in_what_it_measured() -> None:
+    """A coordinate's rescaling at a window's end is a continuous function of its draws: across the effective
+    draw counts where it is phased in (from 3/4 of MIN_EFFECTIVE to all of it) a small change of the draws moves
+    the scale a little, never by a jump (a hard threshold would jump from 1 to the window's full rescaling)."""
+    rng = np.random.default_rng(6)
+    noise, trend = rng.normal(size=NUM_WARMUP), np.zeros(NUM_WARMUP)
+    trend[300:400] = np.linspace(-1, 1, 100)  # across the first slow window
+    scales, effective = [], []
+    for a in np.linspace(0.0, 3.0, 31):  # a growing trend: fewer and fewer effective draws, a larger variance
+        draws = np.stack([noise + a * trend, noise], 1)
+        window = draws[300:400]  # the first slow window
+        effective.append(float(ad.window_variance(moments_of(window))[1][0]))
+        state, _, _ = run_adaptation(draws, np.ones((NUM_WARMUP, 2)), False, tune=False, steps=400)
+        scales.append(float(state.preconditioner.scale[0]))
+    effective, scales = np.array(effective), np.array(scales)
+    phased = (effective > 0.75 * ad.MIN_EFFECTIVE) & (effective < ad.MIN_EFFECTIVE)
+    assert phased.sum() >= 3 and effective.min() < 0.75 * ad.MIN_EFFECTIVE < ad.MIN_EFFECTIVE < effective.max()
+    assert np.max(np.abs(np.diff(np.log(scales)))) < 0.1, (effective, scales)
+
+
 def test_adapt_step_vmap_and_torch_agree() -> None:
     schedule = ad.adaptation_schedule(400)
     rng = np.random.default_rng(6)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from numpyro.infer import MCMC
 
-from ppl_sgmcmc import adaptation
+from ppl_sgmcmc import adaptation, algorithms
 from ppl_sgmcmc import numpyro as np_backend
 from ppl_sgmcmc import pyro as pyro_backend
 from tests.helpers import K_SIGMA, conjugate_posterior, linear_regression_data, sd_and_mcse
@@ -244,7 +244,7 @@ def test_many_coordinates_use_the_hessian_diagonal(backend, monkeypatch):
     exact = {}
     for limit in (1000, 2):
         monkeypatch.setattr(warmup_module, "EXACT_HESSIAN_MAX", limit)
-        kernel = backend.SGLD(numpyro_model if backend is np_backend else pyro_model, find_mode=False)
+        kernel = backend.SGLD(numpyro_model if backend is np_backend else pyro_model, find_mode=False, dense_mass=False)
         if backend is np_backend:
             state = kernel.init(jax.random.PRNGKey(0), 0, {"w": jnp.asarray(MEAN, jnp.float32)},
                                 (jnp.asarray(X), jnp.asarray(Y)))  # fmt: skip
@@ -261,6 +261,35 @@ def test_many_coordinates_use_the_hessian_diagonal(backend, monkeypatch):
     # Hutchinson with 40 probes: each diagonal entry within ~3 of its own relative errors (off-diagonal mass 0.3)
     np.testing.assert_allclose(estimated_scale, scale, rtol=0.25)
     assert estimated_curvature == pytest.approx(curvature, rel=0.25)
+
+
+def preconditioner_scale(backend, kernel):
+    """The preconditioner's ``L`` at the start of a chain of ``kernel`` on the conjugate regression (d = 4)."""
+    if backend is np_backend:
+        state = kernel.init(jax.random.PRNGKey(0), 0, {"w": jnp.asarray(MEAN, jnp.float32)},
+                            (jnp.asarray(X), jnp.asarray(Y)))  # fmt: skip
+        return np.asarray(state.adapt_state.preconditioner.scale)
+    pyro.set_rng_seed(0)
+    kernel.initial_params = {"w": torch.tensor(MEAN, dtype=torch.float32)}
+    kernel.setup(0, torch.tensor(X, dtype=torch.float32), torch.tensor(Y, dtype=torch.float32))
+    kernel.sample(kernel.initial_params)
+    return kernel.state.adapt_state.preconditioner.scale.numpy()
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_default_metric_is_dense_up_to_auto_dense_max(backend, monkeypatch):
+    """``dense_mass=None`` (the default): a dense Laplace preconditioner for at most AUTO_DENSE_MAX coordinates (its
+    ``L Lᵀ`` the inverse Hessian, correlations included), a diagonal one beyond; True and False force either."""
+    model = numpyro_model if backend is np_backend else pyro_model
+    dense = preconditioner_scale(backend, backend.SGLD(model, find_mode=False))
+    assert dense.shape == (D, D)
+    hessian = X.T @ X / NOISE**2 + np.eye(D) / PRIOR**2  # the conjugate regression's exact Hessian
+    np.testing.assert_allclose(dense @ dense.T, np.linalg.inv(hessian), rtol=1e-3, atol=1e-9)
+    assert preconditioner_scale(backend, backend.SGLD(model, find_mode=False, dense_mass=False)).shape == (D,)
+    monkeypatch.setattr(algorithms, "AUTO_DENSE_MAX", D - 1)
+    assert preconditioner_scale(backend, backend.SGLD(model, find_mode=False)).shape == (D,)
+    assert preconditioner_scale(backend, backend.SGLD(model, find_mode=False, dense_mass=True)).shape == (D, D)
+    assert backend.SGLD(model, step_size=0.1)._dense_mass is False  # no adaptation: nothing to make dense
 
 
 def test_a_new_tuned_chain_without_warmup_warns():

@@ -155,6 +155,25 @@ def _refresh_noise(key_noise, like):
     return random.normal(random.fold_in(prng.unrolled(key_noise), 1), like.shape, like.dtype)
 
 
+_VERDICT_NOTED = False  # whether this process was told that `numpyro.infer.MCMC` runs get no verdict
+
+
+def _note_no_verdict(kernel):
+    """Say once per process that a run driven by anything but a driver that judges it (``numpyro.infer.MCMC``,
+    which tells a kernel nothing when its run ends) gets no end-of-run verdict, and how to get one."""
+    global _VERDICT_NOTED
+    if _VERDICT_NOTED or kernel._judged_after_run or not kernel.samples_posterior:
+        return
+    _VERDICT_NOTED = True
+    warnings.warn(
+        f"{kernel.name}: `numpyro.infer.MCMC` does not tell a kernel when its run ends, so its runs get no end-of-run "
+        "verdict (whether the chains agree, hold enough effective draws and left no burn-in in the draws: "
+        "ppl_sgmcmc.verdict). Run with `ppl_sgmcmc.numpyro.MCMC` (the same class and arguments, with the verdict), "
+        "or call `ppl_sgmcmc.diagnostics.verdict(mcmc)` after the run. (Said once per process.)",
+        UserWarning, stacklevel=3,
+    )  # fmt: skip
+
+
 class SGMCMCKernel(Algorithm, MCMCKernel):
     """Base class: an SG-MCMC algorithm (:mod:`ppl_sgmcmc.algorithms`) as a :class:`numpyro.infer.MCMCKernel`.
 
@@ -385,6 +404,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 _checks.first_step_size(self.step_size_at(0), name)
         if self._start_warning:
             warnings.warn(self._start_warning, UserWarning, stacklevel=2)
+        _note_no_verdict(self)
         model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
         vectorized = not is_prng_key(rng_key)
         if vectorized:

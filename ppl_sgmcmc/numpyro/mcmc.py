@@ -16,6 +16,7 @@ kernels that are not SG-MCMC kernels, :class:`MCMC` is NumPyro's ``MCMC`` unchan
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -25,6 +26,8 @@ import tqdm.auto as tqdm
 from jax import lax
 from jax.experimental import io_callback
 
+from ppl_sgmcmc import diagnostics
+from ppl_sgmcmc import verdict as _verdict
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
 
 __all__ = ["MCMC"]
@@ -40,6 +43,11 @@ class MCMC(numpyro.infer.MCMC):
     no host callback, and JAX's persistent compilation cache (which does not keep programs with host callbacks)
     can read it back in a later process.
 
+    At the end of each run the draws are judged (:func:`ppl_sgmcmc.diagnostics.verdict`: whether the chains agree,
+    hold enough effective draws, left no burn-in in the draws, met no more gradient noise than the step size
+    allows), with one ``RuntimeWarning`` if they fail (unless a health check already warned about the run, naming
+    its failure); ``verdict=False`` skips it. :attr:`last_verdict` keeps it.
+
     **Example**::
 
         >>> import jax, jax.numpy as jnp
@@ -53,6 +61,12 @@ class MCMC(numpyro.infer.MCMC):
 
     progress_bar: bool  # NumPyro's attribute
 
+    def __init__(self, sampler: Any, *args: Any, verdict: bool = True, **kwargs: Any) -> None:
+        super().__init__(sampler, *args, **kwargs)
+        self.verdict = verdict
+        #: The :class:`~ppl_sgmcmc.verdict.Verdict` of the last run (``None``: not judged).
+        self.last_verdict: _verdict.Verdict | None = None
+
     def run(self, rng_key: Any, *args: Any, extra_fields: tuple | list = (), init_params: Any = None,
             **kwargs: Any) -> None:
         """Run the chains as :meth:`numpyro.infer.MCMC.run` does, with the progress bar drawn from inside the
@@ -63,7 +77,10 @@ class MCMC(numpyro.infer.MCMC):
         # the compiled step reads `kernel._progress` when it is traced: NumPyro's cached step functions
         # (kept per model arguments) must not outlive a run with another bar, or none
         self._cache: dict = {}
+        phase = self._collection_params.get("phase")  # "warmup" for `warmup()`, whose draws are not judged
+        self.last_verdict = None
         kernel._reports_after_run = True  # no health callback in the compiled loop: see `report_health` below
+        kernel._judged_after_run = True
         # a run from the start checks its last step in the loop; a resumed chain's last step would make each of its
         # runs a new program (the persistent cache would miss), so its final state is checked after the run
         last_step = None if self._warmup_state is not None else self._steps()[1] * kernel._steps_per_sample
@@ -71,12 +88,23 @@ class MCMC(numpyro.infer.MCMC):
         try:
             self._run(kernel, rng_key, *args, extra_fields=extra_fields, init_params=init_params, **kwargs)
         finally:
-            kernel._reports_after_run, kernel._last_step = False, None
+            kernel._reports_after_run, kernel._judged_after_run, kernel._last_step = False, False, None
         state = self.last_state
         if last_step is not None and np.all(np.asarray(state.i) == last_step):  # what the loop recorded
             kernel._health.report(state.health.flags, state.health.values)
         else:
             kernel.report_health(state)
+        if self._judged(kernel, phase):
+            self.last_verdict = diagnostics.verdict(self, warn=False)
+            if not kernel._health.reported:  # a failed health check already named the run's specific failure
+                _verdict.report(self.last_verdict, kernel.name)
+
+    def _judged(self, kernel: SGMCMCKernel, phase: str | None) -> bool:
+        """Whether the run's draws get the end-of-run verdict: asked for, a sampler's draws of a latent dict (not
+        an optimiser's, nor a custom ``postprocess_fn``'s), enough of them, not the warm-up's."""
+        draws = self.num_samples // self.thinning
+        return (self.verdict and kernel.samples_posterior and phase != "warmup" and self.postprocess_fn is None
+                and isinstance(self.last_state.z, Mapping) and draws >= _verdict.MIN_DRAWS)  # fmt: skip
 
     def _steps(self) -> tuple[int, int]:
         """``(the step count at the run's start, the draws the run makes)``: NumPyro's collection range for a run

@@ -196,6 +196,18 @@ class RunView:
         """The latent sites' draws, constrained, ``(chains, draws, ...)``."""
         return self._latent_sites(self.mcmc.get_samples(group_by_chain=True), "the run's draws")
 
+    def kept(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """What the run kept for :func:`~ppl_sgmcmc.diagnostics.verdict`: the latents' draws flattened,
+        ``(chains, draws, d)``, and the collected ``noise_ratio`` and ``potential_energy``, ``(chains, draws)``
+        (``None`` where not collected)."""
+        samples = self.samples()
+        chains, draws = next(iter(samples.values())).shape[:2]
+        flat = np.concatenate([np.reshape(samples[name], (chains, draws, -1)) for name in self.names], axis=-1)
+        fields = self.mcmc.get_extra_fields(group_by_chain=True)
+        noise_ratio, energy = (np.asarray(fields[name]) if name in fields else None
+                               for name in ("noise_ratio", "potential_energy"))  # fmt: skip
+        return flat, noise_ratio, energy
+
     def latents(self, samples: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
         """The run's draws (or ``samples``, constrained) in the score's unconstrained coordinates."""
         values = self.samples() if samples is None else self._latent_sites(samples, "`samples`")

@@ -18,7 +18,7 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ppl_sgmcmc import _checks, health, noise
+from ppl_sgmcmc import _checks, health, noise, verdict
 from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.pyro import compile as compile_
 from ppl_sgmcmc.pyro import warmup
@@ -238,6 +238,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._divergences = []
         self._num_diverging = 0
         self._records = {field: [] for field in self.recorded_fields}
+        self._kept = verdict.KeptDraws()
 
     @property
     def recorded_fields(self):
@@ -464,6 +465,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._divergences = []
         self._num_diverging = 0
         self._records = {field: [] for field in self.recorded_fields}
+        self._kept = verdict.KeptDraws()  # what the chain's end-of-run verdict reads
         self._logging = None
         if resume is not None:
             self._continue_chain(resume)
@@ -516,6 +518,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 self._divergences.append(draw - self._warmup_steps)
             for field, values in self._records.items():
                 values.append(float(getattr(self._state, field)))
+            self._kept.add(self._flat.detach().cpu())
         if draw >= self._warmup_steps and self._target.deterministic_sites:
             return {**z, **self._target.deterministic(self._flat)}
         return dict(z)
@@ -749,6 +752,18 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             self._health_state = checks
             self._health.report(checks.flags.tolist(), checks.values.tolist())
 
+    def _report_verdict(self):
+        """The chain's end-of-run verdict (:mod:`ppl_sgmcmc.verdict`, the chain judged alone: Pyro runs chains in
+        separate processes or one after another; :func:`ppl_sgmcmc.diagnostics.verdict` judges a run's chains
+        together), with one warning if it failed."""
+        if not self.samples_posterior or self._judged_after_run or len(self._kept.rows) < verdict.MIN_DRAWS:
+            return
+        ratios = self._records.get("noise_ratio")
+        result = verdict.assess(self._kept.draws(), noise_ratio=None if ratios is None else [ratios],
+                                noise_limit=self.noise_ratio_limit)  # fmt: skip
+        if not self._health.reported:  # a failed health check already named the chain's specific failure
+            verdict.report(result, self.name, stacklevel=3)
+
     def _normal(self, like):
         """Standard normal noise of the shape of ``like``, from the chain's generator."""
         return torch.randn(like.shape, generator=self._generator, dtype=like.dtype).to(like.device)
@@ -822,6 +837,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             from ppl_sgmcmc.checkpoint import ChainState
 
             self._report_health()  # the end of the run: its last check
+            self._report_verdict()
 
             self._last_state = ChainState(state, self._generator.get_state(), self._num_warmup_steps)
         self._initial_params = None

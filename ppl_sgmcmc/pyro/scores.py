@@ -212,6 +212,20 @@ class RunView:
         names = sorted(self._final_required().state.z)
         return self._sites(self.mcmc.get_samples(group_by_chain=True), names, "the run's draws")
 
+    def kept(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """What the run kept for :func:`~ppl_sgmcmc.diagnostics.verdict`: the draws of its sites flattened,
+        ``(chains, draws, d)``, the kept draws' ``noise_ratio`` of each chain, ``(chains, draws)`` (``None`` if a
+        chain lacks it), and no potential energy (the kernel records none)."""
+        samples = self.mcmc.get_samples(group_by_chain=True)
+        values = [torch.as_tensor(samples[name]).detach().cpu().numpy() for name in sorted(samples)]
+        chains, draws = values[0].shape[:2]
+        flat = np.concatenate([np.reshape(value, (chains, draws, -1)) for value in values], axis=-1)
+        records = [chain.get("noise_ratio") if chain else None for chain in self.mcmc._diagnostics]
+        noise_ratio = None
+        if all(record is not None and len(record) == draws for record in records):
+            noise_ratio = np.asarray(records, np.float64)
+        return flat, noise_ratio, None
+
     def latents(self, samples: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
         """The run's draws (or ``samples``, constrained) in the score's unconstrained coordinates."""
         target = self.target

@@ -377,3 +377,19 @@ def test_pymc3_sgfs_test_passes_from_the_prior_mean():
     mcmc.run(jax.random.PRNGKey(0), jnp.asarray(x), jnp.asarray(y), init_params={"abc": jnp.ones(3)})
     mean = np.asarray(mcmc.get_samples()["abc"]).mean(0)
     np.testing.assert_allclose(mean, [1.0, 2.0, 3.0], rtol=0.1)
+
+
+def test_hand_set_step_from_the_prior_mean_warns_at_the_end():
+    """A hand-set ``step_size=1.0`` from PyMC3's start keeps its burn-in: its chains never meet (they ended
+    140-700 posterior sds off, silently, before the end-of-run verdict). ``ppl_sgmcmc.numpyro.MCMC`` judges the
+    draws and says so."""
+    from ppl_sgmcmc.numpyro import MCMC as JudgedMCMC
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-10, 10, size=25_000).astype(np.float32)
+    y = (x**2 + 2 * x + 3 + rng.normal(size=x.shape)).astype(np.float32)
+    mcmc = JudgedMCMC(SGFS(quadratic, step_size=1.0), num_warmup=1000, num_samples=5000, num_chains=2,
+                      chain_method="vectorized", progress_bar=False)  # fmt: skip
+    with pytest.warns(RuntimeWarning, match="probably not a sample of the posterior yet: the chains disagree"):
+        mcmc.run(jax.random.PRNGKey(0), jnp.asarray(x), jnp.asarray(y), init_params={"abc": jnp.ones((2, 3))})
+    assert not mcmc.last_verdict.ok and mcmc.last_verdict.too_few

@@ -1,0 +1,373 @@
+"""The end of a run as a report: whether a finished run's draws can be trusted, from what the run kept.
+
+An SG-MCMC run can end wrong without any step failing: chains that never met (a correlated posterior crossed
+too slowly), burn-in left in the draws (a hand-set step size from a far start, a warm-up too short for the
+posterior), too few effective draws to estimate anything, a step size too large for the gradient noise. The
+health checks of :mod:`ppl_sgmcmc.health` watch single steps; the verdict watches the draws, as Stan and
+nutpie do at the end of a run:
+
+* **split rank-normalised R-hat** and **bulk and tail effective sample sizes** (Vehtari, Gelman, Simpson,
+  Carpenter & Bürkner, "Rank-normalization, folding, and localization: an improved R-hat for assessing
+  convergence of MCMC", Bayesian Analysis 16(2), 2021; computed by ArviZ) of the watched quantities: every
+  coordinate (up to :data:`MAX_COORDINATES` of them, evenly chosen), the :data:`DIRECTIONS` leading principal
+  directions of the pooled draws in standardised coordinates (where chains that disagree spread the pooled
+  draws the most), the squared radius of the standardised draws (which sees a scale parameter that has not
+  settled, as in a hierarchical model) and, when the run kept it, the potential energy. A run passes when every
+  R-hat is at most :data:`RHAT_LIMIT` and every ESS at least :data:`ESS_PER_CHAIN` per chain, the thresholds
+  that paper recommends;
+* **an energy-drift test for burn-in left in the draws**: Geweke's comparison ("Evaluating the accuracy of
+  sampling-based approaches to the calculation of posterior moments", Bayesian Statistics 4, 1992) of the
+  first :data:`DRIFT_HEAD` and the last :data:`DRIFT_TAIL` of each chain, on the radius, the leading
+  directions and the energy, each mean's standard error from its segment's effective sample size; a drift
+  beyond :data:`DRIFT_Z` standard errors fails (a chain still moving towards the typical set);
+* **the noise ratio's upper quantile over the kept draws** (:mod:`ppl_sgmcmc.noise`): its
+  :data:`NOISE_QUANTILE` quantile above the algorithm's limit means that the step size is too large for the
+  gradient noise somewhere the chain went, even when it was right where it was tuned.
+
+:func:`assess` computes a :class:`Verdict` from arrays (backend-neutral, NumPy); :func:`report` warns with one
+``RuntimeWarning`` naming what failed and what to do. The backends call them at the end of a run
+(:class:`ppl_sgmcmc.numpyro.MCMC`, each chain of ``pyro.infer.MCMC``); :func:`ppl_sgmcmc.diagnostics.verdict`
+does it for any finished run.
+
+**Example** (four chains that agree, and four stuck in two places)::
+
+    >>> import numpy as np
+    >>> from ppl_sgmcmc.verdict import assess
+    >>> rng = np.random.default_rng(0)
+    >>> assess(rng.normal(size=(4, 1000, 3))).ok
+    True
+    >>> stuck = rng.normal(size=(4, 1000, 3)) * 0.1 + np.array([0.0, 0.0, 1.0, 1.0])[:, None, None]
+    >>> verdict = assess(stuck)
+    >>> verdict.ok, verdict.rhat > 1.5
+    (False, True)
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DIRECTIONS",
+    "DRIFT_HEAD",
+    "DRIFT_TAIL",
+    "DRIFT_Z",
+    "ESS_PER_CHAIN",
+    "KeptDraws",
+    "MAX_COORDINATES",
+    "MAX_DRAWS",
+    "NOISE_QUANTILE",
+    "RHAT_LIMIT",
+    "Verdict",
+    "assess",
+    "report",
+]
+
+#: The largest split rank-normalised R-hat of a run that passes (Vehtari et al. 2021).
+RHAT_LIMIT = 1.01
+#: The fewest bulk and tail effective draws per chain of a run that passes (Vehtari et al. 2021: 100 per chain).
+ESS_PER_CHAIN = 100
+#: The leading principal directions of the pooled standardised draws that are watched.
+DIRECTIONS = 3
+#: The most coordinates watched one by one (evenly chosen from the flattened draws).
+MAX_COORDINATES = 256
+#: The most draws per chain the verdict reads (evenly thinned beyond): the statistics' cost stays bounded.
+MAX_DRAWS = 4000
+#: Geweke's segments: the first and the last fractions of each chain.
+DRIFT_HEAD, DRIFT_TAIL = 0.1, 0.5
+#: A difference of the segments' means beyond this many standard errors is a drift. Several quantities and chains
+#: are tested at once, so the bar is well above a single test's 2.
+DRIFT_Z = 4.0
+#: The quantile of the kept draws' noise ratios compared with the algorithm's limit.
+NOISE_QUANTILE = 0.9
+#: Fewer draws per chain than this are too few to judge: no verdict.
+MIN_DRAWS = 20
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`assess` found.
+
+    - **num_chains**, **num_draws**: the chains and draws per chain judged.
+    - **rhat**: the largest split rank-normalised R-hat over the watched quantities, and **rhat_of** which one.
+    - **ess_bulk**, **ess_tail**: the smallest bulk and tail effective sample sizes (all chains together).
+    - **drift**: the largest Geweke ``|z|`` over chains and watched quantities, and **drift_of** which one.
+    - **noise_ratio**: the :data:`NOISE_QUANTILE` quantile of the kept draws' noise ratios (NaN: not kept), and
+      **noise_limit** the algorithm's limit.
+    """
+
+    num_chains: int
+    num_draws: int
+    rhat: float
+    rhat_of: str
+    ess_bulk: float
+    ess_tail: float
+    drift: float
+    drift_of: str
+    noise_ratio: float = math.nan
+    noise_limit: float = math.inf
+
+    @property
+    def unmixed(self) -> bool:
+        """Whether the chains disagree (R-hat above :data:`RHAT_LIMIT`)."""
+        return self.rhat > RHAT_LIMIT
+
+    @property
+    def too_few(self) -> bool:
+        """Whether the run holds too few effective draws (below :data:`ESS_PER_CHAIN` per chain)."""
+        return min(self.ess_bulk, self.ess_tail) < ESS_PER_CHAIN * self.num_chains
+
+    @property
+    def drifting(self) -> bool:
+        """Whether a chain was still drifting (burn-in left in the draws)."""
+        return self.drift > DRIFT_Z
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the step size was too large for the gradient noise over the kept draws."""
+        return self.noise_ratio > self.noise_limit
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run passes every test."""
+        return not (self.unmixed or self.too_few or self.drifting or self.noisy)
+
+    def message(self, kernel: str) -> str:
+        """The warning for a run that failed: what was seen, what it means and what to do.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.verdict import Verdict
+            >>> print(Verdict(4, 1000, 1.3, "theta[2]", 40.0, 90.0, 1.0, "radius").message("SGLD"))
+            SGLD: the draws are probably not a sample of the posterior yet: ...
+        """
+        seen, fixes = [], []
+        if self.unmixed:
+            chains = "the chains disagree" if self.num_chains > 1 else "the two halves of the chain disagree"
+            seen.append(f"{chains} (R-hat {self.rhat:.3f} on {self.rhat_of}, above {RHAT_LIMIT})")
+        if self.too_few:
+            seen.append(
+                f"only {min(self.ess_bulk, self.ess_tail):.0f} effective draws (bulk {self.ess_bulk:.0f}, tail "
+                f"{self.ess_tail:.0f}; at least {ESS_PER_CHAIN} per chain are needed)"
+            )
+        if self.drifting:
+            seen.append(
+                f"a chain was still drifting in its kept draws ({self.drift:.3g} standard errors between the mean "
+                f"of its first {DRIFT_HEAD:.0%} and its last {DRIFT_TAIL:.0%} on {self.drift_of}): burn-in is left "
+                "in the draws"
+            )
+        if self.unmixed or self.too_few or self.drifting:
+            fixes.append(
+                "run longer (a longer warm-up adapts the metric and the step size further and leaves the burn-in "
+                "behind; more samples add effective draws)"
+            )
+            fixes.append(
+                "for a correlated posterior, dense_mass=True (a dense metric mixes along correlated directions "
+                "that a diagonal one crosses slowly)"
+            )
+            if self.drifting:
+                fixes.append("with a hand-set step_size, leave it unset so that the warm-up starts from a mode")
+        if self.noisy:
+            seen.append(
+                f"the noise ratio over the kept draws reached {self.noise_ratio:.3g} ({NOISE_QUANTILE:.0%} quantile; "
+                f"the limit is {self.noise_limit:g}): the gradient noise where the chain went biases the draws"
+            )
+            fixes.append("a smaller step size (target_noise_ratio, or a smaller step_size) or a larger subsample_size")
+        return (
+            f"{kernel}: the draws are probably not a sample of the posterior yet: " + "; ".join(seen) + ". "
+            + "Try: " + "; or ".join(fixes) + ". (ppl_sgmcmc.verdict; `mcmc.print_summary()` shows r_hat and n_eff.)"
+        )
+
+
+def _standardised(x: np.ndarray) -> np.ndarray:
+    centre = x.reshape(-1, x.shape[-1]).mean(axis=0)
+    scale = x.reshape(-1, x.shape[-1]).std(axis=0)
+    return (x - centre) / np.where(scale > 0, scale, 1.0)
+
+
+def _watched(draws: np.ndarray, energy: np.ndarray | None) -> tuple[np.ndarray, list[str], list[int]]:
+    """The watched quantities ``(chains, draws, k)``, their names, and which of them the drift test reads."""
+    chains, n, d = draws.shape
+    index = np.unique(np.arange(min(d, MAX_COORDINATES)) * d // min(d, MAX_COORDINATES))
+    z = _standardised(draws)
+    columns = [draws[..., index]]
+    names = [f"theta[{k}]" for k in index]
+    drift = []
+    pooled = z.reshape(-1, d)
+    varying = pooled.std(axis=0) > 0
+    if d > 1 and varying.any():
+        _, _, vt = np.linalg.svd(pooled[:, varying] - pooled[:, varying].mean(axis=0), full_matrices=False)
+        directions = vt[: min(DIRECTIONS, vt.shape[0])]
+        columns.append(z[..., varying] @ directions.T)
+        drift += list(range(len(names), len(names) + directions.shape[0]))
+        names += [f"principal direction {j + 1}" for j in range(directions.shape[0])]
+    columns.append(np.sum(z * z, axis=-1, keepdims=True))
+    drift.append(len(names))
+    names.append("the radius |θ|² (standardised)")
+    if energy is not None:
+        columns.append(np.asarray(energy, np.float64).reshape(chains, n, 1))
+        drift.append(len(names))
+        names.append("the potential energy")
+    return np.concatenate(columns, axis=-1), names, drift
+
+
+def _ess(quantities: np.ndarray, method: str) -> np.ndarray:
+    """ArviZ's ESS (``method``) of each quantity of ``(chains, draws, k)``, all chains together."""
+    import arviz as az
+
+    with warnings.catch_warnings():  # a constant quantity gives NaN, which is judged below, not warned about
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.asarray(az.ess(az.convert_to_dataset({"q": quantities}), method=method)["q"].values, np.float64)
+
+
+def _halves(quantities: np.ndarray) -> np.ndarray:
+    """One chain ``(1, draws, k)`` as its two halves ``(2, draws // 2, k)`` (ArviZ needs two chains)."""
+    half = quantities.shape[1] // 2
+    return quantities[:, : 2 * half].reshape(2, half, quantities.shape[-1])
+
+
+def _diagnostics(quantities: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split rank-normalised R-hat, bulk and tail ESS of each quantity of ``(chains, draws, k)`` (ArviZ); one
+    chain is judged as its two halves."""
+    import arviz as az
+
+    if quantities.shape[0] == 1:
+        quantities = _halves(quantities)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rhat = np.asarray(az.rhat(az.convert_to_dataset({"q": quantities}), method="rank")["q"].values, np.float64)
+    return rhat, _ess(quantities, "bulk"), _ess(quantities, "tail")
+
+
+def _drift(quantities: np.ndarray) -> np.ndarray:
+    """Geweke's ``|z|`` of each chain and quantity of ``(chains, draws, k)``, ``(chains, k)``: the difference of
+    the means of the chain's head and tail, over its standard error if the chain were stationary, from the
+    tail's variance and autocorrelation time (a head still moving has a strong autocorrelation of its own, which
+    would hide the drift in its own standard error)."""
+    n = quantities.shape[1]
+    h, t = max(int(DRIFT_HEAD * n), 4), max(int(DRIFT_TAIL * n), 8)
+    head, tail = quantities[:, :h], quantities[:, n - t:]
+    ess = np.stack([_ess(_halves(tail[c][None]), "mean") for c in range(tail.shape[0])])
+    tau = tail.shape[1] / np.clip(np.nan_to_num(ess, nan=1.0), 1.0, tail.shape[1])
+    error = np.sqrt(tail.var(axis=1) * tau * (1 / h + 1 / t))
+    gap = np.abs(head.mean(axis=1) - tail.mean(axis=1))
+    return np.where(error > 0, gap / np.where(error > 0, error, 1.0), 0.0)
+
+
+def _thinned(x: np.ndarray) -> np.ndarray:
+    """At most :data:`MAX_DRAWS` draws per chain of ``(chains, draws, ...)``, evenly spaced."""
+    n = x.shape[1]
+    return x if n <= MAX_DRAWS else x[:, np.arange(MAX_DRAWS) * n // MAX_DRAWS]
+
+
+class KeptDraws:
+    """A chain's kept draws for :func:`assess`, recorded one at a time in bounded memory: at most
+    :data:`MAX_COORDINATES` coordinates of each draw (evenly chosen) and between :data:`MAX_DRAWS` and twice as
+    many draws, evenly spaced (every other one is dropped and the spacing doubles when the buffer fills).
+
+    **Example**::
+
+        >>> import numpy as np
+        >>> from ppl_sgmcmc.verdict import KeptDraws, MAX_DRAWS
+        >>> kept = KeptDraws()
+        >>> for t in range(3 * MAX_DRAWS):
+        ...     kept.add(np.full(1000, float(t)))
+        >>> draws = kept.draws()
+        >>> draws.shape, draws[0, :3, 0].tolist()
+        ((1, 6000, 256), [0.0, 2.0, 4.0])
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+        self.stride, self.seen = 1, 0
+        self.index: np.ndarray | None = None
+
+    def add(self, draw: Any) -> None:
+        """Record a draw (a flat array of any backend on the host, or its NumPy view)."""
+        if self.seen % self.stride == 0:
+            row = np.asarray(draw, np.float64).reshape(-1)
+            if self.index is None:
+                d = row.shape[0]
+                self.index = np.unique(np.arange(min(d, MAX_COORDINATES)) * d // max(min(d, MAX_COORDINATES), 1))
+            self.rows.append(row[self.index])
+        self.seen += 1
+        if len(self.rows) >= 2 * MAX_DRAWS:
+            self.rows, self.stride = self.rows[::2], 2 * self.stride
+
+    def draws(self) -> np.ndarray:
+        """The recorded draws as one chain, ``(1, draws, coordinates)``."""
+        return np.stack(self.rows)[None]
+
+
+def assess(
+    draws: Any,
+    *,
+    energy: Any = None,
+    noise_ratio: Any = None,
+    noise_limit: float = math.inf,
+) -> Verdict:
+    """The verdict on a run's kept draws.
+
+    :param draws: the draws, ``(chains, draws, d)`` (flattened latents; constrained or not: rank-normalised
+        statistics do not depend on monotone transforms of a coordinate, and the directions are taken in
+        standardised coordinates).
+    :param energy: the potential energy at each draw, ``(chains, draws)``, or ``None``.
+    :param noise_ratio: the noise ratio at each draw, ``(chains, draws)`` (NaN where not measured), or ``None``.
+    :param noise_limit: the algorithm's noise-ratio limit (:attr:`~ppl_sgmcmc.algorithms.Algorithm.noise_ratio_limit`).
+    :raises ValueError: for draws of another shape, or fewer than 20 per chain.
+    """
+    x = np.asarray(draws, np.float64)
+    if x.ndim != 3:
+        raise ValueError(f"verdict: `draws` must be (chains, draws, d), got shape {x.shape}.")
+    chains, n, _ = x.shape
+    if n < MIN_DRAWS:
+        raise ValueError(f"verdict: {n} draws per chain are too few to judge (at least {MIN_DRAWS}).")
+    finite = np.isfinite(x).all(axis=(0, 1))
+    if not finite.any():  # every coordinate has a non-finite draw: nothing to compare, and nothing to trust
+        return Verdict(chains, n, math.inf, "every coordinate (non-finite draws)", 0.0, 0.0, math.inf, "the draws")
+    x = _thinned(x[..., finite])
+    e = None if energy is None else _thinned(np.asarray(energy, np.float64).reshape(chains, n))
+    if e is not None and not np.isfinite(e).all():
+        e = None
+    quantities, names, drifting = _watched(x, e)
+    rhat, bulk, tail = _diagnostics(quantities)
+    rhat = np.where(np.isfinite(rhat), rhat, 1.0)  # a constant quantity: nothing to compare
+    worst = int(np.argmax(rhat))
+    drift = _drift(quantities[..., drifting]).max(axis=0)
+    worst_drift = int(np.argmax(drift))
+    ratio = math.nan
+    if noise_ratio is not None:
+        ratios = np.asarray(noise_ratio, np.float64)
+        ratios = ratios[np.isfinite(ratios)]
+        ratio = float(np.quantile(ratios, NOISE_QUANTILE)) if ratios.size else math.nan
+    return Verdict(
+        num_chains=chains,
+        num_draws=n,
+        rhat=float(rhat[worst]),
+        rhat_of=names[worst],
+        ess_bulk=float(np.nanmin(np.where(np.isfinite(bulk), bulk, np.inf))),
+        ess_tail=float(np.nanmin(np.where(np.isfinite(tail), tail, np.inf))),
+        drift=float(drift[worst_drift]),
+        drift_of=names[drifting[worst_drift]],
+        noise_ratio=ratio,
+        noise_limit=noise_limit,
+    )
+
+
+def report(verdict: Verdict, kernel: str, stacklevel: int = 2) -> None:
+    """One ``RuntimeWarning`` (:meth:`Verdict.message`) if ``verdict`` failed, attributed to the code
+    ``stacklevel`` frames up (as :func:`warnings.warn`'s; 2: the caller's caller, the user's ``mcmc.run`` line).
+    Every failed run warns, also when an earlier one warned from the same line (no warnings registry)."""
+    if verdict.ok:
+        return
+    caller = sys._getframe(stacklevel)
+    # no `module_globals`: for a script run with `python -m`, its loader cannot give `__main__`'s source lines
+    warnings.warn_explicit(
+        verdict.message(kernel), RuntimeWarning, caller.f_code.co_filename, caller.f_lineno,
+        module=caller.f_globals.get("__name__"), registry=None,
+    )  # fmt: skip
