@@ -204,21 +204,25 @@ class WindowMoments(NamedTuple):
     """The moments of the positions ``u`` seen in a window, in :data:`BATCHES` consecutive batches.
 
     - **counts**: the draws of each batch, ``(B,)``.
-    - **sums**: their sums, ``(B, d)``.
-    - **squares**: the sum of the squares of all draws, ``(d,)``.
+    - **sums**: their sums, ``(B, d)``, of the draws less ``centre``.
+    - **squares**: the sum of the squares of all draws less ``centre``, ``(d,)``.
+    - **centre**: the window's first draw, ``(d,)``: the moments are those of the draws shifted by it, so that a
+      coordinate whose mean is far from 0 against its spread keeps its variance (``E[u²] - E[u]²`` of the raw draws
+      would cancel catastrophically in float32, and rounding-level differences would decide the window's rescaling).
 
     **Example**::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc.adaptation import window_moments
         >>> moments = window_moments(3, like=jnp.zeros(3))
-        >>> moments.counts.shape, moments.sums.shape, moments.squares.shape
-        ((16,), (16, 3), (3,))
+        >>> moments.counts.shape, moments.sums.shape, moments.squares.shape, moments.centre.shape
+        ((16,), (16, 3), (3,), (3,))
     """
 
     counts: Array
     sums: Array
     squares: Array
+    centre: Array
 
 
 def window_moments(d: int, like: Array) -> WindowMoments:
@@ -229,15 +233,19 @@ def window_moments(d: int, like: Array) -> WindowMoments:
         xp.zeros((BATCHES,), dtype=like.dtype, device=dev),
         xp.zeros((BATCHES, d), dtype=like.dtype, device=dev),
         xp.zeros((d,), dtype=like.dtype, device=dev),
+        xp.zeros((d,), dtype=like.dtype, device=dev),
     )
 
 
 def _add(moments: WindowMoments, u: Array, batch: Array) -> WindowMoments:
-    """``moments`` with the draw ``u`` added to batch ``batch`` (an integer array)."""
+    """``moments`` with the draw ``u`` added to batch ``batch`` (an integer array); the window's first draw
+    becomes its centre."""
     xp = array_namespace(u)
     one_hot = xp.astype(xp.arange(BATCHES, device=device(u)) == batch, u.dtype)
-    squares = xp.add(moments.squares, xp.multiply(u, u))
-    return WindowMoments(moments.counts + one_hot, moments.sums + one_hot[:, None] * u[None, :], squares)
+    centre = xp.where(xp.sum(moments.counts) == 0, u, moments.centre)
+    shifted = u - centre
+    squares = xp.add(moments.squares, xp.multiply(shifted, shifted))
+    return WindowMoments(moments.counts + one_hot, moments.sums + one_hot[:, None] * shifted[None, :], squares, centre)
 
 
 def window_variance(moments: WindowMoments) -> tuple[Array, Array]:

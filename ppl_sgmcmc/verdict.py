@@ -63,6 +63,9 @@ __all__ = [
     "MAX_DRAWS",
     "NOISE_QUANTILE",
     "RHAT_LIMIT",
+    "RHAT_SEVERE",
+    "SEVERE",
+    "SHORT",
     "Verdict",
     "assess",
     "report",
@@ -70,6 +73,8 @@ __all__ = [
 
 #: The largest split rank-normalised R-hat of a run that passes (Vehtari et al. 2021).
 RHAT_LIMIT = 1.01
+#: Above this R-hat (Gelman & Rubin's old threshold) the chains have not met at all, rather than too few times.
+RHAT_SEVERE = 1.1
 #: The fewest bulk and tail effective draws per chain of a run that passes (Vehtari et al. 2021: 100 per chain).
 ESS_PER_CHAIN = 100
 #: The leading principal directions of the pooled standardised draws that are watched.
@@ -85,6 +90,9 @@ DRIFT_HEAD, DRIFT_TAIL = 0.1, 0.5
 DRIFT_Z = 4.0
 #: The quantile of the kept draws' noise ratios compared with the algorithm's limit.
 NOISE_QUANTILE = 0.9
+#: The warnings' leads: draws that are probably not a sample of the posterior, and a run too short to trust.
+SEVERE = "the draws are probably not a sample of the posterior yet"
+SHORT = "the run is too short for reliable estimates"
 #: Fewer draws per chain than this are too few to judge: no verdict.
 MIN_DRAWS = 20
 
@@ -137,6 +145,12 @@ class Verdict:
         """Whether the run passes every test."""
         return not (self.unmixed or self.too_few or self.drifting or self.noisy)
 
+    @property
+    def severe(self) -> bool:
+        """Whether the draws are probably not a sample of the posterior at all (chains that never met, R-hat above
+        :data:`RHAT_SEVERE`; burn-in left in them; too much gradient noise), rather than too few of them."""
+        return self.rhat > RHAT_SEVERE or self.drifting or self.noisy
+
     def message(self, kernel: str) -> str:
         """The warning for a run that failed: what was seen, what it means and what to do.
 
@@ -145,6 +159,8 @@ class Verdict:
             >>> from ppl_sgmcmc.verdict import Verdict
             >>> print(Verdict(4, 1000, 1.3, "theta[2]", 40.0, 90.0, 1.0, "radius").message("SGLD"))
             SGLD: the draws are probably not a sample of the posterior yet: ...
+            >>> print(Verdict(4, 1000, 1.02, "theta[2]", 300.0, 900.0, 1.0, "radius").message("SGLD"))
+            SGLD: the run is too short for reliable estimates: ...
         """
         seen, fixes = [], []
         if self.unmixed:
@@ -167,8 +183,8 @@ class Verdict:
                 "behind; more samples add effective draws)"
             )
             fixes.append(
-                "for a correlated posterior, dense_mass=True (a dense metric mixes along correlated directions "
-                "that a diagonal one crosses slowly)"
+                "for a correlated posterior with a diagonal metric (the default beyond 256 coordinates), "
+                "dense_mass=True (a dense metric mixes along correlated directions that a diagonal one crosses slowly)"
             )
             if self.drifting:
                 fixes.append("with a hand-set step_size, leave it unset so that the warm-up starts from a mode")
@@ -179,7 +195,7 @@ class Verdict:
             )
             fixes.append("a smaller step size (target_noise_ratio, or a smaller step_size) or a larger subsample_size")
         return (
-            f"{kernel}: the draws are probably not a sample of the posterior yet: " + "; ".join(seen) + ". "
+            f"{kernel}: " + (SEVERE if self.severe else SHORT) + ": " + "; ".join(seen) + ". "
             + "Try: " + "; or ".join(fixes) + ". (ppl_sgmcmc.verdict; `mcmc.print_summary()` shows r_hat and n_eff.)"
         )
 

@@ -117,6 +117,17 @@ def test_window_variance_of_correlated_and_trending_draws() -> None:
     assert np.all(as_np(n_eff) < ad.MIN_EFFECTIVE)  # a window that only drifted says little
 
 
+def test_window_variance_far_from_zero() -> None:
+    """Draws of unit spread around 3000 (a coordinate of ``u`` whose mean the preconditioner made large): in float32
+    the raw ``E[u²] - E[u]²`` loses every digit (``u²`` ~ 10⁷, resolved to ~1); the window's moments are taken
+    about its first draw, and give the variance within its sampling error."""
+    draws = (3000.0 + np.random.default_rng(7).normal(size=(1600, 2))).astype(np.float32)
+    for xp in ("jax", "torch"):
+        variance, n_eff = ad.window_variance(moments_of(draws, xp))
+        np.testing.assert_allclose(as_np(variance), np.var(draws.astype(np.float64), axis=0), rtol=1e-3)
+        assert np.all(np.abs(np.log(as_np(n_eff) / 1600)) < 3 * math.sqrt(2 / 15))
+
+
 def test_window_variance_same_on_torch() -> None:
     draws = ar1(640, 0.5, 2, seed=2)
     jax_result = ad.window_variance(moments_of(draws, "jax"))

@@ -53,7 +53,7 @@ def quiet(run):
                     if issubclass(w.category, RuntimeWarning) and VERDICT not in str(w.message)]  # fmt: skip
 
 
-VERDICT = "probably not a sample of the posterior yet"
+VERDICT = "(ppl_sgmcmc.verdict;"
 
 
 # --- a step into an undefined region is undone ----------------------------------------------------------

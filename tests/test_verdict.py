@@ -18,7 +18,7 @@ from ppl_sgmcmc.numpyro.scores import RunView
 from ppl_sgmcmc.pyro import SGLD as PyroSGLD
 from tests.numpyro.conftest import logistic_model
 
-VERDICT = "probably not a sample of the posterior"
+VERDICT = "(ppl_sgmcmc.verdict;"
 
 
 def ar1(rng, chains, draws, d, rho):
@@ -103,8 +103,10 @@ def test_constant_and_non_finite_coordinates_are_skipped():
 
 def test_message_names_the_failures_and_the_fixes():
     text = verdict.Verdict(4, 1000, 1.3, "theta[2]", 40.0, 90.0, 9.0, "the radius").message("SGNHT")
-    assert text.startswith("SGNHT: ") and "R-hat 1.300 on theta[2]" in text and "40 effective draws" in text
-    assert "burn-in" in text and "run longer" in text and "dense_mass=True" in text
+    assert text.startswith(f"SGNHT: {verdict.SEVERE}: ") and "R-hat 1.300 on theta[2]" in text
+    assert "40 effective draws" in text and "burn-in" in text and "run longer" in text and "dense_mass=True" in text
+    short = verdict.Verdict(4, 1000, 1.02, "theta[0]", 300.0, 900.0, 1.0, "the radius")
+    assert not short.severe and short.message("SGLD").startswith(f"SGLD: {verdict.SHORT}: ")
 
 
 def test_draws_without_a_finite_coordinate_fail():
