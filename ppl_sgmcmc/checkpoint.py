@@ -171,11 +171,17 @@ def run(mcmc: Any, *args: Any, checkpoint: str | os.PathLike[str], checkpoint_ev
         kernel._judged_after_run = False
         if own_verdict is not None:
             mcmc.verdict = own_verdict
-    judged = own_verdict is not False and kernel.samples_posterior and getattr(mcmc, "postprocess_fn", None) is None
+    # the whole run's draws, as one uninterrupted run is judged: a sampler's draws of a latent dict, enough of them
+    last = getattr(mcmc, "last_state", None)  # NumPyro's; Pyro's latents are always a dict
+    judged = (own_verdict is not False and kernel.samples_posterior and getattr(mcmc, "postprocess_fn", None) is None
+              and isinstance(getattr(last, "z", {}), Mapping))  # fmt: skip
     if judged and mcmc.num_samples // getattr(mcmc, "thinning", 1) >= verdict.MIN_DRAWS:
         from ppl_sgmcmc import diagnostics
 
-        diagnostics.verdict(mcmc)  # the whole run's draws, as one uninterrupted run is judged
+        result = diagnostics.verdict(mcmc, warn=False)
+        reporter = getattr(kernel, "_health", None)  # none if every chunk was on disk already: the kernel never ran
+        if reporter is None or not reporter.reported:  # a failed health check already named the specific failure
+            verdict.report(result, kernel.name)
 
 
 def load(checkpoint: str | os.PathLike[str]) -> az.InferenceData:

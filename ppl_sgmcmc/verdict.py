@@ -10,7 +10,7 @@ nutpie do at the end of a run:
   Carpenter & Bürkner, "Rank-normalization, folding, and localization: an improved R-hat for assessing
   convergence of MCMC", Bayesian Analysis 16(2), 2021; computed by ArviZ) of the watched quantities: every
   coordinate (up to :data:`MAX_COORDINATES` of them, evenly chosen), the :data:`DIRECTIONS` leading principal
-  directions of the pooled draws in standardised coordinates (where chains that disagree spread the pooled
+  directions of those coordinates' pooled draws, standardised (where chains that disagree spread the pooled
   draws the most), the squared radius of the standardised draws (which sees a scale parameter that has not
   settled, as in a hierarchical model) and, when the run kept it, the potential energy. A run passes when every
   R-hat is at most :data:`RHAT_LIMIT` and every ESS at least :data:`ESS_PER_CHAIN` per chain, the thresholds
@@ -18,8 +18,9 @@ nutpie do at the end of a run:
 * **an energy-drift test for burn-in left in the draws**: Geweke's comparison ("Evaluating the accuracy of
   sampling-based approaches to the calculation of posterior moments", Bayesian Statistics 4, 1992) of the
   first :data:`DRIFT_HEAD` and the last :data:`DRIFT_TAIL` of each chain, on the radius, the leading
-  directions and the energy, each mean's standard error from its segment's effective sample size; a drift
-  beyond :data:`DRIFT_Z` standard errors fails (a chain still moving towards the typical set);
+  directions and the energy, with the standard error of a stationary chain (the tail's variance and
+  autocorrelation time, for both segments); a drift beyond :data:`DRIFT_Z` standard errors fails (a chain
+  still moving towards the typical set);
 * **the noise ratio's upper quantile over the kept draws** (:mod:`ppl_sgmcmc.noise`): its
   :data:`NOISE_QUANTILE` quantile above the algorithm's limit means that the step size is too large for the
   gradient noise somewhere the chain went, even when it was right where it was tuned.
@@ -200,18 +201,25 @@ class Verdict:
         )
 
 
+def _coordinates(d: int) -> np.ndarray:
+    """The indices of at most :data:`MAX_COORDINATES` coordinates of ``d``, evenly spread."""
+    k = max(min(d, MAX_COORDINATES), 1)
+    return np.unique(np.arange(k) * d // k)
+
+
 def _standardised(x: np.ndarray) -> np.ndarray:
     centre = x.reshape(-1, x.shape[-1]).mean(axis=0)
     scale = x.reshape(-1, x.shape[-1]).std(axis=0)
     return (x - centre) / np.where(scale > 0, scale, 1.0)
 
 
-def _watched(draws: np.ndarray, energy: np.ndarray | None) -> tuple[np.ndarray, list[str], list[int]]:
-    """The watched quantities ``(chains, draws, k)``, their names, and which of them the drift test reads."""
+def _watched(draws: np.ndarray, index: np.ndarray,
+             energy: np.ndarray | None) -> tuple[np.ndarray, list[str], list[int]]:  # fmt: skip
+    """The watched quantities ``(chains, draws, k)`` of the watched coordinates ``draws`` (the flattened draws'
+    coordinates ``index``), their names, and which of them the drift test reads."""
     chains, n, d = draws.shape
-    index = np.unique(np.arange(min(d, MAX_COORDINATES)) * d // min(d, MAX_COORDINATES))
     z = _standardised(draws)
-    columns = [draws[..., index]]
+    columns = [draws]
     names = [f"theta[{k}]" for k in index]
     drift = []
     pooled = z.reshape(-1, d)
@@ -304,12 +312,13 @@ class KeptDraws:
         self.index: np.ndarray | None = None
 
     def add(self, draw: Any) -> None:
-        """Record a draw (a flat array of any backend on the host, or its NumPy view)."""
+        """Record a draw: a flat array, NumPy's or a ``torch`` tensor on any device (copied to the host only when
+        it is recorded)."""
         if self.seen % self.stride == 0:
-            row = np.asarray(draw, np.float64).reshape(-1)
+            host = draw.detach().cpu() if hasattr(draw, "detach") else draw
+            row = np.asarray(host, np.float64).reshape(-1)
             if self.index is None:
-                d = row.shape[0]
-                self.index = np.unique(np.arange(min(d, MAX_COORDINATES)) * d // max(min(d, MAX_COORDINATES), 1))
+                self.index = _coordinates(row.shape[0])
             self.rows.append(row[self.index])
         self.seen += 1
         if len(self.rows) >= 2 * MAX_DRAWS:
@@ -337,20 +346,22 @@ def assess(
     :param noise_limit: the algorithm's noise-ratio limit (:attr:`~ppl_sgmcmc.algorithms.Algorithm.noise_ratio_limit`).
     :raises ValueError: for draws of another shape, or fewer than 20 per chain.
     """
-    x = np.asarray(draws, np.float64)
+    x = np.asarray(draws)
     if x.ndim != 3:
         raise ValueError(f"verdict: `draws` must be (chains, draws, d), got shape {x.shape}.")
-    chains, n, _ = x.shape
+    chains, n, d = x.shape
     if n < MIN_DRAWS:
         raise ValueError(f"verdict: {n} draws per chain are too few to judge (at least {MIN_DRAWS}).")
+    index = _coordinates(d)  # selected and thinned before any copy: a network's draws may be gigabytes
+    x = _thinned(x[..., index]).astype(np.float64)
     finite = np.isfinite(x).all(axis=(0, 1))
     if not finite.any():  # every coordinate has a non-finite draw: nothing to compare, and nothing to trust
         return Verdict(chains, n, math.inf, "every coordinate (non-finite draws)", 0.0, 0.0, math.inf, "the draws")
-    x = _thinned(x[..., finite])
+    x, index = x[..., finite], index[finite]
     e = None if energy is None else _thinned(np.asarray(energy, np.float64).reshape(chains, n))
     if e is not None and not np.isfinite(e).all():
         e = None
-    quantities, names, drifting = _watched(x, e)
+    quantities, names, drifting = _watched(x, index, e)
     rhat, bulk, tail = _diagnostics(quantities)
     rhat = np.where(np.isfinite(rhat), rhat, 1.0)  # a constant quantity: nothing to compare
     worst = int(np.argmax(rhat))

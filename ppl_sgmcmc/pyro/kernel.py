@@ -518,7 +518,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 self._divergences.append(draw - self._warmup_steps)
             for field, values in self._records.items():
                 values.append(float(getattr(self._state, field)))
-            self._kept.add(self._flat.detach().cpu())
+            self._kept.add(self._flat)
         if draw >= self._warmup_steps and self._target.deterministic_sites:
             return {**z, **self._target.deterministic(self._flat)}
         return dict(z)
