@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Bayesian neural networks on MNIST (issue 16): three experiments of the SG-MCMC papers, with the models of
+"""Bayesian neural networks on MNIST: three experiments of the SG-MCMC papers, with the models of
 ``models/bnn.py`` (NumPyro) and ``models/bnn_pyro.py`` (Pyro).
 
 ``fig4``

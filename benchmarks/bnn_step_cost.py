@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Where an FNN-400 step's time goes (issue 16): ``SGLD.sample`` on MNIST (d = 478 410 weights, minibatch 100)
+"""Where an FNN-400 step's time goes: ``SGLD.sample`` on MNIST (d = 478 410 weights, minibatch 100)
 against a hand-written SGLD step, in one compiled ``lax.fori_loop`` each, data as arguments.
 
 Rows: the kernel as it is; the kernel with :func:`ppl_sgmcmc.noise.update` replaced by one that returns its

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Calibration data for a check that a chain is still approaching the typical set after the warm-up (an open
-problem: RESULTS.md, "Library problems", item 7). Nothing in the library uses it yet.
+"""Calibration data for a check that a chain is still approaching the typical set after the warm-up: the windowed
+energy-drop statistic below, which the end-of-run verdict's drift test (``ppl_sgmcmc.verdict``, a Geweke test)
+was weighed against (RESULTS.md, "Hard geometry", "The end-of-run verdict").
 
 Statistic, per chain, on the minibatch potential energy ``Ũ_t`` of the kept draws
 (``extra_fields=("potential_energy",)``), over consecutive windows doubling from 32 draws:

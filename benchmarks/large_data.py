@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Steps/s and memory against the number of rows N, device-resident against streamed from a disk memmap, and
-steps/s against the number of devices the rows are sharded over (issue 17).
+steps/s against the number of devices the rows are sharded over.
 
 Logistic regression, d = 20 float32 features, minibatches of n = 1000 rows, SGLD with a fixed step size. The
 data are written once per N to ``.npy`` files (``--dir``, default a temporary directory; written in chunks,

@@ -33,7 +33,7 @@ Run from the repository root (writes ``benchmarks/results/lda_<corpus>.json`` an
     python benchmarks/lda.py --plot-only --inputs benchmarks/results/lda_ap.json long/lda_ap.json
     python benchmarks/lda.py --plot-only           # redraw from lda_<corpus>_all.json (or lda_<corpus>.json)
 
-The recorded AP runs and what they show: ``benchmarks/RESULTS.md``, "LDA on AP (issue 5)".
+The recorded AP runs and what they show: ``benchmarks/RESULTS.md``, "LDA on AP".
 """
 
 from __future__ import annotations

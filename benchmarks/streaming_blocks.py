@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """How to bring host-resident rows into a compiled SG-MCMC loop: one host callback per step, or one per block of
-``K`` steps, read synchronously or ahead by a host thread (issue 17's double buffering), against the rows on
+``K`` steps, read synchronously or ahead by a host thread (double buffering), against the rows on
 the device.
 
 A bare loop, not the library: logistic-regression gradient steps (d = 20 float32 features, minibatch n = 1000,

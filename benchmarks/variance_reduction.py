@@ -1,4 +1,4 @@
-"""Variance-reduced gradients (issue 14): minibatch, control variates and SVRG, against BlackJAX and SGMCMCJax.
+"""Variance-reduced gradients: minibatch, control variates and SVRG, against BlackJAX and SGMCMCJax.
 
 Two posteriors with a reference:
 

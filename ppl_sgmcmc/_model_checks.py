@@ -343,6 +343,11 @@ def error_hint(
         continuous data the latents' floating dtype (`torch.get_default_dtype()`, e.g. `X.float()`), and integer
         dtypes to indices and to the observations of discrete distributions such as Categorical.
     """
+    if "to be within the support" in message:  # Pyro's validation of a value
+        return (
+            "A value lies outside its distribution's support: observed data to recode into the support (labels ±1 "
+            "for a Bernoulli: `(y + 1) / 2`), or initial values that are not in the latents' unconstrained space."
+        )
     if _DTYPE_ERROR.search(message):
         listed = ", ".join(f"{label} of dtype {dtype}" for label, dtype in dtypes or ())
         if ppl == "pyro":
@@ -448,4 +453,163 @@ def log_likelihood_too_large(
         f"draws × {values} values), above max_log_likelihood_bytes={limit}. Pass log_likelihood=False, keep "
         f"fewer draws ({thinning}, fewer `num_samples`, or thin the samples yourself), or raise "
         "max_log_likelihood_bytes."
+    )
+
+
+def no_latent_sites(kernel: str, ppl: str) -> ModelError:
+    """The error for a model without a latent site the chain could move (every sample site is observed, or a
+    local Gibbs site)."""
+    return ModelError(
+        f"{kernel}: the model has no latent sample site (every `{ppl}.sample` is observed, or a local Gibbs site), "
+        f"so there is nothing for the chain to move. Declare at least one `{ppl}.sample` site without `obs=`; to "
+        "evaluate a model at fixed values, run it directly or with `Predictive`."
+    )
+
+
+def initial_sites(given: Sequence[str], latents: Sequence[str], arg: str, kernel: str) -> None:
+    """Refuse initial values (``arg``: ``init_params`` or ``initial_params``) whose sites ``given`` lack some of
+    the model's ``latents`` or name a site that is not one (a site renamed since the values were saved).
+
+    **Example**::
+
+        >>> try:
+        ...     initial_sites(["nu"], ["mu"], "init_params", "SGLD")
+        ... except ModelError as err:
+        ...     print(err)
+        SGLD: `init_params` lacks the latent site(s) 'mu' and names 'nu', which is not a latent site of the model;
+        the model's latent sites are 'mu'. Give unconstrained values for exactly these sites (values saved from a
+        run of a model whose sites have since been renamed must be renamed too).
+    """
+    missing = [name for name in latents if name not in given]
+    unknown = [name for name in given if name not in latents]
+    if not missing and not unknown:
+        return
+    parts = []
+    if missing:
+        parts.append(f"lacks the latent site(s) {', '.join(map(repr, missing))}")
+    if unknown:
+        parts.append(f"names {', '.join(map(repr, unknown))}, which {'is' if len(unknown) == 1 else 'are'} not "
+                     f"{'a latent site' if len(unknown) == 1 else 'latent sites'} of the model")  # fmt: skip
+    raise ModelError(
+        f"{kernel}: `{arg}` {' and '.join(parts)}; the model's latent sites are {', '.join(map(repr, latents))}. "
+        "Give unconstrained values for exactly these sites (values saved from a run of a model whose sites have "
+        "since been renamed must be renamed too)."
+    )
+
+
+def nonfinite_initial(sites: Sequence[str], arg: str, kernel: str) -> ModelError:
+    """The error for initial values (``arg``) that hold NaN or inf at ``sites``."""
+    return ModelError(
+        f"{kernel}: `{arg}` holds NaN or inf at the site(s) {', '.join(map(repr, sites))}; the chain needs a finite "
+        "start. Give finite unconstrained values (a constrained value `x` of a site is `biject_to(support).inv(x)` "
+        "in its unconstrained space), or leave the start to the init strategy."
+    )
+
+
+def scalar_parameters(support: Any, is_array: Callable[[Any], bool]) -> bool:
+    """Whether the constraint ``support`` has no array parameter with more than one entry (its check then
+    applies to a whole data array, not only to the minibatch whose distribution holds it).
+
+    **Example**::
+
+        >>> import numpy as np
+        >>> from types import SimpleNamespace
+        >>> scalar_parameters(SimpleNamespace(lower_bound=0.0), lambda x: isinstance(x, np.ndarray))
+        True
+        >>> scalar_parameters(SimpleNamespace(upper_bound=np.arange(3)), lambda x: isinstance(x, np.ndarray))
+        False
+    """
+    seen: set[int] = set()
+
+    def fixed(node: Any) -> bool:
+        if id(node) in seen:
+            return True
+        seen.add(id(node))
+        if is_array(node):
+            return math.prod(node.shape) <= 1
+        if isinstance(node, (list, tuple)):
+            return all(fixed(x) for x in node)
+        return all(fixed(x) for x in getattr(node, "__dict__", {}).values())
+
+    return fixed(support)
+
+
+def check_support(
+    value: Any, ok: np.ndarray, what: str, distribution: str, support: Any, frame: Frame | None, kernel: str
+) -> None:
+    """Raise if observed data lie outside their distribution's support: ``ok`` is the support's check of
+    ``value`` (a boolean array of its batch shape), ``frame`` the subsampled plate whose rows it holds, if
+    one does.
+
+    **Example** (labels ±1 for a Bernoulli)::
+
+        >>> import numpy as np
+        >>> y = np.array([1.0, -1.0, 1.0, 0.0])
+        >>> try:
+        ...     check_support(y, (y == 0) | (y == 1), "observed site 'y'", "Bernoulli", "Boolean()",
+        ...                   Frame("data", -1, 4, 2), "SGLD")
+        ... except ModelError as err:
+        ...     print(str(err)[:145])
+        SGLD: observed site 'y' has values outside the support Boolean() of its Bernoulli distribution at rows [1] of
+        plate 'data' (1 of 4 rows; e.g. -1)
+    """
+    bad = ~np.asarray(ok, dtype=bool)
+    if not bad.any():
+        return
+    array = np.asarray(value)
+    examples = ""
+    if array.shape == bad.shape:
+        shown = sorted({float(x) for x in array[bad].ravel()[:100]})[:3]
+        examples = "; e.g. " + ", ".join(f"{x:g}" for x in shown)
+    if frame is not None and bad.ndim >= -frame.dim:
+        rows = bad_rows(bad, frame.dim)
+        listed = ", ".join(str(int(i)) for i in rows[:MAX_ROWS_SHOWN]) + (", ..." if len(rows) > MAX_ROWS_SHOWN else "")
+        where = f"at rows [{listed}] of plate {frame.name!r} ({len(rows)} of {frame.size} rows{examples})"
+    else:
+        where = f"({int(bad.sum())} of {bad.size} entries{examples})"
+    raise ModelError(
+        f"{kernel}: {what} has values outside the support {support} of its {distribution} distribution {where}. "
+        "Its log-density is not defined there (NUTS would find no initial values; a kernel that does not validate "
+        "the data would sample a wrong posterior). Recode the data into the support (labels ±1 for a Bernoulli: "
+        "`(y + 1) / 2`), or give the site a distribution whose support holds them."
+    )
+
+
+def initial_shapes(
+    given: Mapping[str, Sequence[int]], expected: Mapping[str, Sequence[int]], arg: str, chains: str, kernel: str
+) -> None:
+    """Refuse initial values (``arg``) whose shapes ``given`` (``{site: shape}``, without a chain axis) differ from
+    the model's unconstrained shapes ``expected``; ``chains`` says how the driver takes one value per chain."""
+    wrong = [name for name in expected if name in given and tuple(given[name]) != tuple(expected[name])]
+    if wrong:
+        raise ModelError(
+            f"{kernel}: `{arg}` gives the latent site(s) {', '.join(f'{k!r} the shape {_fmt(given[k])}' for k in wrong)}; "
+            f"the model's are {', '.join(f'{k!r}: {_fmt(expected[k])}' for k in wrong)}. Give unconstrained values of "
+            f"each site's shape (a simplex of size k has k - 1 unconstrained coordinates; {chains})."
+        )
+
+
+def distribution_name(fn: Any) -> str:
+    """The class name of a distribution, through the wrappers that batch, mask or make it independent.
+
+    **Example**::
+
+        >>> import numpyro.distributions as dist
+        >>> distribution_name(dist.Bernoulli(0.5).expand([3]).mask(False).to_event(1))
+        'Bernoulli'
+    """
+    while type(fn).__name__ in ("ExpandedDistribution", "Independent", "MaskedDistribution"):
+        fn = fn.base_dist
+    return re.sub(r"(?<=.)(Probs|Logits)$", "", type(fn).__name__)  # NumPyro's BernoulliProbs is a Bernoulli
+
+
+def no_bijection(site: str, distribution: str, support: Any, kernel: str, ppl: str) -> NotImplementedError:
+    """The error for a latent site whose support has no bijection to unconstrained space (a sphere, Pyro's
+    positive-definite and lower-Cholesky matrices): no gradient-based kernel moves it, NUTS neither."""
+    reparam = "`numpyro.handlers.reparam`" if ppl == "numpyro" else "`pyro.poutine.reparam`"
+    return NotImplementedError(
+        f"{kernel}: latent site {site!r} ({distribution}) has the support {support}, which {ppl} cannot map to "
+        "unconstrained space (`biject_to` has no bijection for it), so no gradient-based kernel can move it (NUTS "
+        "neither). Reparametrise it: sample unconstrained (or Cholesky-factor) latents and build the value from "
+        f"them with `{ppl}.deterministic`, or use {reparam} (`ProjectedNormalReparam` for a ProjectedNormal)."
     )

@@ -53,7 +53,7 @@ of the inputs, :func:`array_api_compat.array_namespace`), like the update rules.
     >>> H = jnp.array([[4.0, 1.8], [1.8, 1.0]])  # the Hessian of U, the inverse covariance
     >>> pre, curvature = ad.from_hessian(H, dense=True)
     >>> L = pre.scale
-    >>> [[round(v, 3) for v in row] for row in (L.T @ H @ L).tolist()], round(float(curvature), 3)
+    >>> [[abs(round(v, 3)) for v in row] for row in (L.T @ H @ L).tolist()], round(float(curvature), 3)
     ([[1.0, 0.0], [0.0, 1.0]], 1.0)
 """
 
@@ -80,6 +80,8 @@ __all__ = [
     "from_hessian",
     "identity",
     "equalize_noise",
+    "hessian_rows",
+    "magnitude",
     "minimum_warmup_steps",
     "newton_direction",
     "pullback_grad_fn",
@@ -389,7 +391,10 @@ def from_hessian(hessian: Array, dense: bool) -> tuple[Preconditioner, Array]:
     """The Laplace preconditioner of a Hessian ``H`` of the potential (the approximate posterior precision),
     and the curvature left in the coordinates ``u``: the largest eigenvalue of ``Lᵀ H L``.
 
-    * ``dense``: with ``H = Q diag(λ) Qᵀ``, ``L = Q diag(λ')^(-1/2)`` and ``L⁻¹ = diag(λ')^(1/2) Qᵀ``, where
+    * ``dense``: ``H`` is first equilibrated by its diagonal, ``H̃ = D^(-1/2) H D^(-1/2)`` with ``D = diag|H_kk|``
+      (1 where ``H_kk`` is 0), so that coordinates of very different scales (a coefficient of an outcome in
+      dollars next to a log scale) do not decide the eigenvalues float32 resolves; with ``H̃ = Q diag(λ) Qᵀ``,
+      ``L = D^(-1/2) Q diag(λ')^(-1/2)`` and ``L⁻¹ = diag(λ')^(1/2) Qᵀ D^(1/2)``, where
       ``λ' = max(|λ|, floor)``: negative curvature (a saddle, a point short of the mode) is taken by its
       magnitude and tiny eigenvalues are floored at :data:`HESSIAN_FLOOR` of the largest. ``u`` then has
       unit curvature in every direction.
@@ -411,10 +416,12 @@ def from_hessian(hessian: Array, dense: bool) -> tuple[Preconditioner, Array]:
     if dense:
         if hessian.ndim != 2:
             raise ValueError(f"from_hessian: a dense preconditioner needs the (d, d) Hessian, got shape {hessian.shape}.")
-        eigenvalues, Q = xp.linalg.eigh(hessian)
+        diagonal = xp.abs(xp.linalg.diagonal(hessian))
+        root = xp.sqrt(xp.where(diagonal > 0, diagonal, xp.ones_like(diagonal)))  # D^(1/2)
+        eigenvalues, Q = xp.linalg.eigh(hessian / (root[:, None] * root[None, :]))
         magnitude = xp.abs(eigenvalues)
         floored = xp.maximum(magnitude, HESSIAN_FLOOR * xp.max(magnitude))
-        pre = Preconditioner(Q * (floored ** -0.5)[None, :], (floored**0.5)[:, None] * Q.T)
+        pre = Preconditioner(Q * (floored**-0.5)[None, :] / root[:, None], (floored**0.5)[:, None] * Q.T * root[None, :])
         return pre, xp.max(magnitude / floored)
     diagonal = xp.linalg.diagonal(hessian) if hessian.ndim == 2 else hessian
     magnitude = xp.abs(diagonal)
@@ -424,6 +431,42 @@ def from_hessian(hessian: Array, dense: bool) -> tuple[Preconditioner, Array]:
     if hessian.ndim == 1:
         return pre, xp.asarray(float("nan"), dtype=hessian.dtype, device=device(hessian))
     return pre, xp.max(xp.abs(xp.linalg.eigvalsh(scale[:, None] * hessian * scale[None, :])))
+
+
+# --- the chain's start (the backends' warmup modules) ----------------------------------------------------
+#: Adam's learning rate at the start of the backends' ``find_mode``.
+FIND_MODE_RATE = 0.1
+#: Adam's learning rate at the end of ``find_mode``, as a fraction of :data:`FIND_MODE_RATE`.
+FIND_MODE_FINAL_RATE = 0.01
+#: The decay of Adam's second-moment average in ``find_mode``: a short memory (optax's default is 0.999), since the
+#: gradient's scale falls by orders of magnitude on the way from a start far from the mode (a scale parameter
+#: started too small), and Adam's steps would shrink with it while the average remembers the start.
+FIND_MODE_B2 = 0.9
+#: The most data rows (of the largest subsampled plate) the Hessian averages over.
+HESSIAN_ROWS = 2**16
+#: The largest ``rows × d`` of a Hessian: fewer rows for many latents.
+HESSIAN_ENTRIES = 2**24
+#: The minibatch gradients of the noise probe.
+PROBE_BATCHES = 64
+#: With more latent coordinates than this, a diagonal preconditioner is built from an estimate of the Hessian's
+#: diagonal (the backends' ``hessian_diagonal``) rather than from the whole Hessian (``d`` products per minibatch).
+EXACT_HESSIAN_MAX = 1000
+#: The power iterations of the backends' ``largest_curvature``.
+POWER_ITERATIONS = 20
+
+def hessian_rows(data_size: int, probes: int) -> int:
+    """How many rows the Hessian averages over, when each minibatch takes ``probes`` Hessian-vector products
+    (``d`` for the backends' ``hessian``, 1 for ``hessian_diagonal``): all ``data_size`` up to :data:`HESSIAN_ROWS`,
+    and at most ``HESSIAN_ENTRIES / probes``.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.adaptation import hessian_rows
+        >>> hessian_rows(32561, 123), hessian_rows(10**7, 20), hessian_rows(60000, 10**4), hessian_rows(60000, 1)
+        (32561, 65536, 1677, 60000)
+    """
+    return max(1, min(data_size, HESSIAN_ROWS, HESSIAN_ENTRIES // probes))
+
 
 
 #: A Newton step of :func:`newton_direction` moves at most this many times ``sqrt(d)`` posterior standard deviations.
@@ -456,6 +499,21 @@ def newton_direction(hessian: Array, gradient: Array, radius: Any = NEWTON_RADIU
     shrink = xp.where(length > limit, limit / length, xp.ones_like(length))
     step = to_theta(pre, whitened) * shrink
     return xp.where(xp.all(xp.isfinite(step)), step, xp.zeros_like(step))
+
+
+def magnitude(x: Array) -> Array:
+    """``max(1, |x|)`` elementwise: the scale of the backends' optimiser steps in ``find_mode`` (Adam's
+    normalised step times this), so that a coordinate far from 0 moves by a fixed fraction of its size per step.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.adaptation import magnitude
+        >>> magnitude(jnp.array([0.5, -4.0])).tolist()
+        [1.0, 4.0]
+    """
+    xp = array_namespace(x)
+    return xp.maximum(xp.abs(x), xp.ones_like(x))
 
 
 #: The fractions of the Newton step the backends' line search tries (besides no step).

@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, cast
 
 import numpy as np
 from array_api_compat import array_namespace, device
@@ -117,6 +117,56 @@ def call_kwargs(fn: Callable[..., Any], options: Mapping[str, Any]) -> dict[str,
     return dict(options) if names is None else {k: v for k, v in options.items() if k in names}
 
 
+def _given_preconditioner(
+    value: Any, step_size: Any, adapt_mass_matrix: Any, dense_mass: Any, can_adapt: bool, reason: str, kernel: str
+) -> adaptation.Preconditioner | None:
+    """The fixed preconditioner of ``inverse_mass_matrix`` (NumPy float64 arrays), or ``None``: a
+    :class:`~ppl_sgmcmc.adaptation.Preconditioner` (a run's ``adapt_state.preconditioner``, of one chain), or ``Σ``,
+    a vector of positive variances or a symmetric positive-definite matrix."""
+    if value is None:
+        return None
+    if not can_adapt:
+        raise ValueError(f"{kernel}: `inverse_mass_matrix` is not available: {reason}")
+    if step_size is None:
+        raise ValueError(
+            f"{kernel}: `inverse_mass_matrix` fixes the preconditioner, and the step size goes with it: give the "
+            "`step_size` of its coordinates too (a tuned run's `step_size`; `kernel.tuned_options(state)` gives both)."
+        )
+    if adapt_mass_matrix or dense_mass is not None:
+        raise ValueError(
+            f"{kernel}: `inverse_mass_matrix` fixes the preconditioner and its form; leave `adapt_mass_matrix` and "
+            "`dense_mass` unset."
+        )
+
+    def numpy(x: Any) -> np.ndarray:
+        x = x.detach().cpu() if hasattr(x, "detach") else x
+        return np.asarray(x, dtype=np.float64)
+
+    if hasattr(value, "scale") and hasattr(value, "inverse"):
+        scale, inverse = numpy(value.scale), numpy(value.inverse)
+        # one chain's: a diagonal (d,) or a square (d, d), with its inverse (a loose test: it tells a stack of
+        # chains' diagonals (C, d), which vectorized chains keep, from a dense (d, d))
+        square = scale.ndim == 2 and scale.shape[0] == scale.shape[1]
+        one = scale.shape == inverse.shape and (scale.ndim == 1 or square)
+        if one:
+            product = scale @ inverse if square else scale * inverse
+            one = bool(np.allclose(product, np.eye(len(scale)) if square else 1.0, atol=0.1))
+        if not one:
+            raise ValueError(
+                f"{kernel}: `inverse_mass_matrix` is not the preconditioner of one chain (scale of shape "
+                f"{scale.shape}, inverse of shape {inverse.shape}, not inverses of each other); a state of several "
+                "vectorized chains holds one per chain: take one, e.g. `kernel.tuned_options(state, chain=0)`."
+            )
+        return adaptation.Preconditioner(cast(Any, scale), cast(Any, inverse))
+    cov = _checks.positive_definite("inverse_mass_matrix", value, kernel)
+    if cov.ndim == 0:
+        raise ValueError(
+            f"{kernel}: `inverse_mass_matrix` must be a vector of the d variances or a d×d covariance of the "
+            f"unconstrained latents, got a scalar {float(cov)!r}."
+        )
+    return adaptation.from_covariance(cov)
+
+
 class Algorithm:
     """What every algorithm shares: the sampler's common arguments, checked, and the hooks through
     which the backends' base classes run it.
@@ -156,6 +206,12 @@ class Algorithm:
         needs it). Needs at least :func:`~ppl_sgmcmc.adaptation.minimum_warmup_steps` warm-up steps.
     :param dense_mass: a dense ``Σ`` (``True``) or a diagonal one (``False``), as NumPyro's NUTS; ``None``
         (default): dense for at most :data:`AUTO_DENSE_MAX` latent coordinates, diagonal beyond.
+    :param inverse_mass_matrix: a fixed preconditioner instead of an adapted one, as NUTS takes it: a run's
+        ``adapt_state.preconditioner`` (:class:`~ppl_sgmcmc.adaptation.Preconditioner`; the whole of it is
+        :meth:`tuned_options`), or ``Σ`` itself, a ``(d,)`` vector of variances or a ``(d, d)`` covariance of the
+        unconstrained latents. The rule runs in its coordinates ``u = L⁻¹ θ`` with the given ``step_size``,
+        which is a step size in those coordinates: a tuned run's ``step_size`` with its preconditioner
+        reproduces that run's kernel. Nothing adapts in the warm-up.
     :param target_noise_ratio: the noise ratio (:mod:`ppl_sgmcmc.noise`) the tuned step size aims at; the
         default is the algorithm's (:attr:`default_noise_ratio`). Smaller values mean less bias and slower
         mixing.
@@ -214,6 +270,7 @@ class Algorithm:
         find_mode: bool | int | None = None,
         adapt_mass_matrix: bool | None = None,
         dense_mass: bool | None = None,
+        inverse_mass_matrix: Any = None,
         target_noise_ratio: float | None = None,
         gradient: str | gradients.GradientEstimator = "minibatch",
     ) -> None:
@@ -236,6 +293,10 @@ class Algorithm:
         self._replace = _checks.boolean("replace", replace, name)
         self._init_strategy = init_strategy
         self._options: dict[str, Any] = {}  # the algorithm's own rule arguments, set by subclasses
+        self._fixed_mass = _given_preconditioner(
+            inverse_mass_matrix, step_size, adapt_mass_matrix, dense_mass, self.can_adapt_mass,
+            self.can_adapt_mass_reason, name,
+        )  # fmt: skip
         self._adapt_mass, self._dense_mass = _checks.mass_options(
             adapt_mass_matrix, dense_mass, self._tune, self.can_adapt_mass, self.can_adapt_mass_reason, name
         )
@@ -481,6 +542,55 @@ class Algorithm:
         the right distribution in any coordinates the friction or thermostat equilibrates."""
         return rule_state
 
+    @property
+    def _preconditioned(self) -> bool:
+        """Whether the rule runs in the coordinates of a preconditioner: adapted, or given (``inverse_mass_matrix``)."""
+        return self._adapt_mass or self._fixed_mass is not None
+
+    def tuned_options(self, state: Any, chain: int | None = None) -> dict[str, Any]:
+        """The options that give a new kernel this run's kernel after its warm-up: ``step_size`` (the tuned one,
+        which is a step size in the coordinates of the adapted preconditioner, or the given one) and
+        ``inverse_mass_matrix`` (the preconditioner). ``SGLD(model, **kernel.tuned_options(state))`` then runs the
+        chain the run ran after its warm-up, from any start, without a warm-up; the ``step_size`` the run recorded
+        passed alone would run the rule in the model's own coordinates, where it is not a step size of the
+        posterior (often far too large).
+
+        :param state: the run's state after the warm-up: NumPyro's ``mcmc.last_state`` (or
+            ``post_warmup_state``), Pyro's ``kernel.last_state``.
+        :param chain: which chain, for a state of several vectorised chains (each adapted its own).
+
+        **Example**::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from numpyro.infer import MCMC
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> def potential(z):
+            ...     return 0.5 * jnp.sum(z["x"] ** 2 * jnp.array([1.0, 100.0]))
+            >>> mcmc = MCMC(SGLD(potential_fn=potential), num_warmup=300, num_samples=10, progress_bar=False)
+            >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones(2)})
+            >>> options = mcmc.sampler.tuned_options(mcmc.last_state)
+            >>> sorted(options), options["inverse_mass_matrix"].scale.shape
+            (['inverse_mass_matrix', 'step_size'], (2, 2))
+            >>> again = MCMC(SGLD(potential_fn=potential, **options), num_warmup=0, num_samples=10, progress_bar=False)
+            >>> again.run(jax.random.PRNGKey(1), init_params={"x": jnp.ones(2)})
+        """
+        state = getattr(state, "state", state)  # Pyro's ChainState holds the chain's state
+        adapt_state = getattr(state, "adapt_state", None)
+        if not isinstance(adapt_state, adaptation.AdaptState):
+            raise ValueError(
+                f"{self.name}: the run adapted nothing (a `step_size` was given and adapt_mass_matrix=False): its "
+                "options are the kernel's own; build the new kernel with the same `step_size`."
+            )
+        pre, step_size = adapt_state.preconditioner, adapt_state.step_size
+        if np.ndim(step_size) > 0:
+            if chain is None:
+                raise ValueError(
+                    f"{self.name}: the state holds {np.shape(step_size)[0]} chains, each with its own tuned step size "
+                    "and preconditioner; pass `chain=k` to take chain k's."
+                )
+            pre, step_size = adaptation.Preconditioner(pre.scale[chain], pre.inverse[chain]), step_size[chain]
+        return {"step_size": float(step_size) if self._tune else self._step_size, "inverse_mass_matrix": pre}
+
     def step_size_in(self, adapt_state: Any, i: Any) -> Any:
         """The step size of step ``i``: the tuned one of ``adapt_state``, or the given one (a schedule at ``i``)."""
         return adapt_state.step_size if self._tune else self.step_size_at(i)
@@ -518,6 +628,13 @@ class Algorithm:
             minibatches at ``position`` (rows), in ``θ``; their spread gives the first step size.
         :return: ``(AdaptState or NoAdaptation(), rule_state)``; ``NoAdaptation()`` when nothing adapts.
         """
+        if self._fixed_mass is not None:  # a given preconditioner: nothing adapts, the rule runs in its coordinates
+            xp, dev = array_namespace(position), device(position)
+            fixed = (xp.asarray(a, dtype=position.dtype, device=dev) for a in self._fixed_mass)
+            pre = adaptation.Preconditioner(*fixed)
+            rule_state = self._place_rule_state(rule_state, adaptation.to_u(pre, position))
+            energy = float("nan") if energy is None else energy
+            return adaptation.adapt_init(pre, 0.0, 1.0, position, energy), rule_state
         if not self.adapts:
             return adaptation.NoAdaptation(), rule_state
         pre, curvature = laplace if self._adapt_mass else (adaptation.identity(position.shape[0], False, position), 1.0)
@@ -544,7 +661,7 @@ class Algorithm:
         coordinates ``u = L⁻¹ θ`` with ``adapt_mass_matrix``: ``(new position, rule state, gradient (in the
         rule's coordinates), whether the rule took its gradient at the position)`` (see
         :meth:`_rule_step_recorded`)."""
-        if not self._adapt_mass:
+        if not self._preconditioned:
             return self._rule_step_recorded(position, rule_state, grad_fn, noise, step_size, i)
         pre = adapt_state.preconditioner
         new_u, rule_state, gradient, at_start = self._rule_step_recorded(
@@ -628,6 +745,12 @@ class Algorithm:
     def _check_dimension(self, target: Any, dim: int) -> None:
         """Check the options against the number ``dim`` of flattened latents (and, with ``gradient``'s centre,
         its shape)."""
+        fixed = self._fixed_mass
+        if fixed is not None and fixed.scale.shape[0] != dim:
+            raise ValueError(
+                f"{self.name}: `inverse_mass_matrix` is a preconditioner of {fixed.scale.shape[0]} coordinates, but the "
+                f"model has {dim} unconstrained latent coordinates; give the one of a run of this model."
+            )
         centre = self._estimator.centre
         if centre is not None and tuple(getattr(centre, "shape", ())) != (dim,):
             raise ValueError(
@@ -920,7 +1043,7 @@ class PSGLD(Algorithm):
     def _check_target(self, target: Any) -> None:
         """``λ = 1/sqrt(n N)`` unless given, with the preconditioner in force (see the class docstring)."""
         super()._check_target(target)
-        if not self._eps_given and self._adapt_mass and target.plate_sizes:
+        if not self._eps_given and self._preconditioned and target.plate_sizes:
             size, n = max(target.plate_sizes.values())
             self._options["eps"] = 1.0 / math.sqrt(n * size)
 

@@ -258,6 +258,13 @@ def update(
     return HealthState(state.flags | flags, values, anchor, anchor_step, low, high)
 
 
+#: Said with the failures a step size too large for the model's own coordinates causes.
+_TUNED_HINT = (
+    " (A `step_size` recorded by a run that tuned it is a step size in the coordinates of that run's preconditioner: "
+    "give it with the preconditioner, `**kernel.tuned_options(state)`.)"
+)
+
+
 def message(kernel: str, kind: str, values: Any) -> str:
     """The warning for a failed check ``kind`` with the ``values`` of :func:`check`.
 
@@ -279,13 +286,13 @@ def message(kernel: str, kind: str, values: Any) -> str:
             f"{kernel}: {int(rejected)} of the first {int(steps)} steps were rejected as non-finite "
             f"({rejected / max(steps, 1):.0%}); the draws are not a sample of the posterior. The step size is "
             "probably too large for the model's curvature or gradient noise (try 10x smaller), or the chain "
-            "starts in or reaches a region where the model is undefined (check the initial values)."
+            "starts in or reaches a region where the model is undefined (check the initial values)." + _TUNED_HINT
         )
     if kind == "runaway":
         return (
             f"{kernel}: after {int(steps)} steps the chain's position, momentum or thermostat reached a magnitude "
             f"of {largest:.3g} (over {RUNAWAY:g}): the chain is diverging. Reduce the step size; for SGNHT also "
-            "check that the warm-up lets the thermostat settle."
+            "check that the warm-up lets the thermostat settle." + _TUNED_HINT
         )
     if kind == "noise":
         return (
@@ -293,6 +300,7 @@ def message(kernel: str, kind: str, values: Any) -> str:
             f"gradient's noise (with the discretisation's error) adds about {ratio:.3g} times the variance the "
             "kernel injects, so the draws are probably too widely spread (ppl_sgmcmc.noise). Use a smaller step "
             "size, or leave `step_size` unset for the warm-up to choose it; a larger `subsample_size` also helps."
+            + _TUNED_HINT
         )
     if kind == "restarts":
         return (

@@ -287,15 +287,35 @@ def test_from_hessian_dense_whitens(backend: str) -> None:
 
 
 def test_from_hessian_negative_curvature_and_floor() -> None:
-    # a saddle: the negative eigenvalue is taken by its magnitude; a flat direction is floored
+    # a saddle: the negative eigenvalue of the equilibrated Hessian is taken by its magnitude; a flat direction
+    # is floored
     Q = np.linalg.qr(np.random.default_rng(3).normal(size=(3, 3)))[0]
     H = Q @ np.diag([4.0, -1.0, 0.0]) @ Q.T
     pre, curvature = ad.from_hessian(torch.tensor(H), dense=True)
     L = as_np(pre.scale)
-    expected = Q @ np.diag([4.0, 1.0, ad.HESSIAN_FLOOR * 4.0]) @ Q.T
+    root = np.sqrt(np.abs(np.diag(H)))
+    eigenvalues, V = np.linalg.eigh(H / np.outer(root, root))
+    floored = np.maximum(np.abs(eigenvalues), ad.HESSIAN_FLOOR * np.abs(eigenvalues).max())
+    expected = np.outer(root, root) * (V @ np.diag(floored) @ V.T)
+    assert np.sum(floored == ad.HESSIAN_FLOOR * np.abs(eigenvalues).max()) == 1  # the flat direction
     np.testing.assert_allclose(np.linalg.inv(L @ L.T), expected, rtol=1e-6, atol=1e-9)
     assert float(curvature) == pytest.approx(1.0)
     assert np.isfinite(L).all()
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_from_hessian_badly_scaled_in_float32(backend: str) -> None:
+    # a regression whose coefficients' scales differ by 10⁴ and 10⁻² (an intercept of an outcome in dollars, a log
+    # scale), correlated at 0.995: the eigenvalues of H span 10¹³, beyond float32 and the floor; equilibrated by
+    # its diagonal first, the preconditioner still whitens it
+    scales = np.array([1e4, 1e2, 1e-2])
+    corr = np.array([[1.0, -0.995, 0.05], [-0.995, 1.0, 0.0], [0.05, 0.0, 1.0]])
+    H = np.linalg.inv(np.outer(scales, scales) * corr)
+    arr = (lambda a: jnp.asarray(a, jnp.float32)) if backend == "jax" else (lambda a: torch.tensor(a, dtype=torch.float32))
+    pre, curvature = ad.from_hessian(arr(H), dense=True)
+    L = as_np(pre.scale).astype(np.float64)
+    np.testing.assert_allclose(L.T @ H @ L, np.eye(3), atol=1e-3)
+    assert float(curvature) == pytest.approx(1.0, abs=1e-3)
 
 
 def test_from_hessian_diagonal_is_jacobi() -> None:

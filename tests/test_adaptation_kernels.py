@@ -152,6 +152,76 @@ def test_find_mode_moves_a_far_start(backend):
     assert np.sqrt(x @ np.linalg.inv(cov) @ x) < 1.5, x
 
 
+LOGIT_N, LOGIT_BATCH = 2000, 100
+LOGIT_X = np.random.default_rng(5).normal(size=LOGIT_N).astype(np.float32)
+LOGIT_Y = (np.random.default_rng(6).uniform(size=LOGIT_N) < 1 / (1 + np.exp(-LOGIT_X))).astype(np.float32)
+DOLLARS = (6e4 + 2e4 * np.random.default_rng(7).normal(size=1000)).astype(np.float32)  # an outcome in dollars
+
+
+def numpyro_logistic(x, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", x.shape[0], subsample_size=LOGIT_BATCH):
+        numpyro.sample("y", dist.Bernoulli(logits=numpyro.subsample(x, 0) * w), obs=numpyro.subsample(y, 0))
+
+
+def pyro_logistic(x, y):
+    w = pyro.sample("w", pdist.Normal(0.0, 10.0))
+    with pyro.plate("data", x.shape[0], subsample_size=LOGIT_BATCH):
+        pyro.sample("y", pdist.Bernoulli(logits=pyro.subsample(x, event_dim=0) * w), obs=pyro.subsample(y, event_dim=0))
+
+
+def numpyro_dollars(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1e6))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1e6))
+    with numpyro.plate("data", y.shape[0], subsample_size=LOGIT_BATCH):
+        numpyro.sample("y", dist.Normal(mu, sigma), obs=numpyro.subsample(y, 0))
+
+
+def pyro_dollars(y):
+    mu = pyro.sample("mu", pdist.Normal(0.0, 1e6))
+    sigma = pyro.sample("sigma", pdist.HalfNormal(1e6))
+    with pyro.plate("data", y.shape[0], subsample_size=LOGIT_BATCH):
+        pyro.sample("y", pdist.Normal(mu, sigma), obs=pyro.subsample(y, event_dim=0))
+
+
+def model_start(backend, model, args, init_params=None):
+    """A new tuned SGLD chain's position (constrained) after the kernel's start on ``model(*args)``."""
+    if backend is np_backend:
+        kernel = backend.SGLD(model)
+        init = None if init_params is None else {k: jnp.asarray(v, jnp.float32) for k, v in init_params.items()}
+        state = kernel.init(jax.random.PRNGKey(0), 0, init, tuple(jnp.asarray(a) for a in args))
+        constrained = kernel.postprocess_fn(tuple(jnp.asarray(a) for a in args), {})(state.z)
+        return {k: np.asarray(v) for k, v in constrained.items()}
+    pyro.set_rng_seed(0)
+    kernel = backend.SGLD(model)
+    if init_params is not None:
+        kernel.initial_params = {k: torch.tensor(v, dtype=torch.float32) for k, v in init_params.items()}
+    kernel.setup(0, *(torch.tensor(a) for a in args))
+    kernel.sample(kernel.initial_params)
+    return {k: kernel.transforms[k].inv(v).detach().numpy() for k, v in kernel.state.z.items()}
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_find_mode_reaches_modes_and_starts_far_out_of_adams_reach(backend):
+    """Adam's steps scale with each coordinate's magnitude: a start at 10⁴ on a logistic regression (a saturated
+    gradient of the same size at any distance) and a mode at 6·10⁴ (an outcome in dollars, its scale started
+    at about 1) are reached, within a fraction of a posterior sd, by the default tuned start."""
+    # the logistic regression's mode and posterior sd, by Newton's method on the full data
+    w = 0.0
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-LOGIT_X * w))
+        grad, hess = np.sum((LOGIT_Y - p) * LOGIT_X) - w / 100, np.sum(p * (1 - p) * LOGIT_X**2) + 1 / 100
+        w += grad / hess
+    model = numpyro_logistic if backend is np_backend else pyro_logistic
+    far = model_start(backend, model, (LOGIT_X, LOGIT_Y), {"w": np.float32(1e4)})["w"]
+    assert abs(float(far) - w) < 0.5 / np.sqrt(hess), (far, w)
+    model = numpyro_dollars if backend is np_backend else pyro_dollars
+    start = model_start(backend, model, (DOLLARS,))
+    mean, sd = DOLLARS.mean(), DOLLARS.std()
+    assert abs(float(start["mu"]) - mean) < 0.5 * sd / np.sqrt(DOLLARS.size), start
+    assert abs(float(start["sigma"]) / sd - 1) < 0.5 / np.sqrt(2 * DOLLARS.size), start
+
+
 @pytest.mark.parametrize("backend", [np_backend, pyro_backend])
 def test_given_step_size_switches_tuning_off(backend):
     kernel = backend.SGNHT(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.05)
@@ -240,10 +310,9 @@ def test_many_coordinates_use_the_hessian_diagonal(backend, monkeypatch):
     """Past EXACT_HESSIAN_MAX coordinates a diagonal preconditioner comes from Hutchinson's estimate of the Hessian's
     diagonal and the curvature from power iteration: on the conjugate regression (4 coordinates, the limit lowered
     to 2) they agree with the exact Hessian's within the estimates' spread."""
-    warmup_module = (np_backend if backend is np_backend else pyro_backend).warmup
     exact = {}
     for limit in (1000, 2):
-        monkeypatch.setattr(warmup_module, "EXACT_HESSIAN_MAX", limit)
+        monkeypatch.setattr(adaptation, "EXACT_HESSIAN_MAX", limit)
         kernel = backend.SGLD(numpyro_model if backend is np_backend else pyro_model, find_mode=False, dense_mass=False)
         if backend is np_backend:
             state = kernel.init(jax.random.PRNGKey(0), 0, {"w": jnp.asarray(MEAN, jnp.float32)},

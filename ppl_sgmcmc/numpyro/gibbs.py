@@ -57,6 +57,7 @@ import jax.numpy as jnp
 from jax import lax
 from numpyro.handlers import condition, seed, substitute, trace
 from numpyro.infer.util import compute_log_probs, constrain_fn
+from numpyro.util import is_prng_key
 
 from ppl_sgmcmc import _checks
 from ppl_sgmcmc._checks import GibbsFnError  # noqa: F401  (re-exported: raised by the sweeps)
@@ -118,7 +119,7 @@ class GibbsTarget(ModelTarget):
 
     def initial_params(self, rng_key, init_strategy, model_args, model_kwargs):
         def minibatch_model(rng_key, model_args, model_kwargs):
-            key = rng_key if rng_key.ndim == 1 else rng_key[0]
+            key = rng_key if is_prng_key(rng_key) else rng_key[0]
             (indices, key_local), _ = self.draw(key, self.init_batch(rng_key))
             minibatch_model = substitute(self.model, data=indices)
             prior_trace = self._prior_local(minibatch_model, key_local, model_args, model_kwargs)

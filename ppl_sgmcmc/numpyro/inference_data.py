@@ -23,13 +23,13 @@ import arviz as az
 import jax
 import numpy as np
 import numpyro
-from numpyro.handlers import seed, trace
+from numpyro.handlers import seed, substitute, trace
 from numpyro.infer import MCMC, Predictive
 from numpyro.infer import log_likelihood as numpyro_log_likelihood
 
 from ppl_sgmcmc import _model_checks
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
-from ppl_sgmcmc.numpyro.potential import split_arrays
+from ppl_sgmcmc.numpyro.potential import feasible_latent, split_arrays
 from ppl_sgmcmc.numpyro.sharding import to_host
 
 __all__ = ["MAX_LOG_LIKELIHOOD_BYTES", "full_data_log_likelihood", "predictive", "to_inference_data"]
@@ -48,7 +48,8 @@ def _check(mcmc: MCMC) -> None:
 
 def _local_sites(mcmc: MCMC, samples: dict[str, Any]) -> list[str]:
     """The latent sample sites of the full-data model that are not among the samples: local Gibbs sites."""
-    model_trace = trace(seed(mcmc.sampler.model, 0)).get_trace(*mcmc._args, **mcmc._kwargs)
+    model = seed(substitute(mcmc.sampler.model, substitute_fn=feasible_latent), 0)  # no prior draw (ImproperUniform)
+    model_trace = trace(model).get_trace(*mcmc._args, **mcmc._kwargs)
     return [
         name
         for name, site in model_trace.items()

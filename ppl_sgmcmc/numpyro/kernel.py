@@ -6,6 +6,7 @@ validated hyper-parameters; everything else is here.
 
 import contextlib
 import os
+import threading
 import warnings
 from functools import partial
 from typing import Any, NamedTuple
@@ -19,7 +20,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from ppl_sgmcmc import _checks, health, noise
+from ppl_sgmcmc import _checks, _model_checks, adaptation, health, noise
 from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.numpyro import gibbs, prng, sharding, warmup
 from ppl_sgmcmc.numpyro.handlers import full_data
@@ -43,7 +44,9 @@ class SGMCMCState(NamedTuple):
       (collect them with ``extra_fields=("rule_state.thermostat",)``).
     - **potential_energy**: the *minibatch estimate* ``Ũ_t`` at the point where the step took its
       gradient; noisy and scaled to the full data, not the exact potential ``U``.
-    - **step_size**: the step size ``h_i`` this step used (the tuned one when ``step_size`` was not given).
+    - **step_size**: the step size ``h_i`` this step used (the tuned one when ``step_size`` was not given), in
+      the coordinates of the preconditioner when one is adapted: a new kernel takes it back with its
+      preconditioner (:meth:`~ppl_sgmcmc.algorithms.Algorithm.tuned_options`), not alone.
     - **diverging**: whether this step's gradient, its new state or its step size was non-finite (or the
       step size not positive); the step was then rejected: the chain kept its rule state, except that a
       momentum is redrawn (:func:`ppl_sgmcmc.rules.refresh_momentum`), and its position, except that a rule
@@ -154,6 +157,13 @@ def _refresh_noise(key_noise, like):
     noise key, so the draws of accepted steps are those of a kernel without the redraw."""
     return random.normal(random.fold_in(prng.unrolled(key_noise), 1), like.shape, like.dtype)
 
+
+#: Held while a kernel runs a model through NumPyro's handlers (``init``, the traced step, ``postprocess_fn``):
+#: NumPyro keeps one handler stack per process, so two threads tracing models at once would see each other's
+#: handlers (a wrong site's value, a plate of the other model). Runs of these kernels in several threads then
+#: take turns to trace; the compiled steps run concurrently. Other NumPyro code run meanwhile in another thread
+#: (NUTS, Predictive, SVI) does not take it (see the user guide, "Multiple chains": "Threads").
+_TRACING = threading.RLock()
 
 _VERDICT_NOTED = False  # whether this process was told that `numpyro.infer.MCMC` runs get no verdict
 
@@ -332,7 +342,13 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """
         if self._target is None:
             return lambda z: z
-        return self._target.postprocess_fn(as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {}))
+        fn = self._target.postprocess_fn(as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {}))
+
+        def postprocess(z):
+            with _TRACING:
+                return fn(z)
+
+        return postprocess
 
     def get_constrain_fn(self, model_args, model_kwargs):
         """The same map as :meth:`postprocess_fn` (NumPyro's older name for it).
@@ -393,6 +409,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             >>> int(state.i), state.z["x"].tolist(), float(state.potential_energy)  # U(1, 1) = 1
             (0, [1.0, 1.0], 1.0)
         """
+        with _TRACING:  # NumPyro's handler stack is one list for the whole process: one thread at a time
+            return self._start(rng_key, num_warmup, init_params, model_args, model_kwargs)
+
+    def _start(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         name = self.name
         _check_host_platform(name)
         self._set_warmup(num_warmup)
@@ -421,8 +441,13 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             init_params = self._target.initial_params(
                 key_init, self._init_strategy or init_to_uniform, model_args, model_kwargs
             )
+        else:
+            init_params = self._checked_init_params(init_params, vectorized)
         start = jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params
         flat, self._unravel = ravel_pytree(start)
+        if flat.shape[0] == 0:  # a model without latents is refused with its target
+            raise ValueError(f"{name}: `init_params` holds no values; give the latent values `{{name: array}}` the "
+                             "potential_fn takes.")
         self._check_dimension(self._target, flat.shape[0])
         self._epoch_steps = None if self._model is None else self._epoch_length(self._target)
         self._stream_block = getattr(self._target, "stream_block", None)
@@ -456,6 +481,28 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self.__dict__.setdefault("_final_checks", {})  # report_health's checks, compiled per warm-up length
         return state
 
+    def _checked_init_params(self, init_params, vectorized):
+        """Given ``init_params`` checked before anything runs at them: a model's latent sites, each of its
+        unconstrained shape (sites of the model that are not latent, such as deterministic ones, are dropped), and
+        finite values (unless traced, under ``chain_method="parallel"``)."""
+        name, target = self.name, self._target
+        if not isinstance(init_params, dict):
+            return init_params
+        if self._model is not None:
+            latents = target.latent_supports
+            init_params = {k: v for k, v in init_params.items() if k in latents or k not in target.site_names}
+            _model_checks.initial_sites(list(init_params), list(latents), "init_params", name)
+            given = {k: jnp.shape(v)[1:] if vectorized else jnp.shape(v) for k, v in init_params.items()}
+            expected = {k: shape for k, shape in target.latent_shapes.items() if shape is not None}
+            chains = "with vectorized chains one leading axis of num_chains"
+            _model_checks.initial_shapes(given, expected, "init_params", chains, name)
+        leaves = {k: v for k, v in init_params.items() if not isinstance(v, jax.core.Tracer)}
+        bad = [k for k, v in leaves.items() if jnp.issubdtype(jnp.result_type(v), jnp.inexact)
+               and not bool(jnp.all(jnp.isfinite(jnp.asarray(v))))]  # fmt: skip
+        if bad:
+            raise _model_checks.nonfinite_initial(bad, "init_params", name)
+        return init_params
+
     def sample(self, state, model_args, model_kwargs):
         """``steps_per_sample`` steps of the chain from ``state`` (a pure function of its arguments, which
         ``MCMC`` compiles); a step whose gradient or new state is not finite is rejected and counted.
@@ -483,7 +530,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._check_static(model_args, model_kwargs)
         sharding.check_arguments(state.i, model_args, model_kwargs, self.name)  # data on several hosts
         before = state.i
-        return self._update_health(self._sample_fn(state, model_args, model_kwargs), before)
+        with _TRACING:  # the model runs here only while the step is traced: one thread at a time
+            state = self._sample_fn(state, model_args, model_kwargs)
+        return self._update_health(state, before)
 
     def _check_static(self, model_args, model_kwargs):
         """A model argument that was a Python number at :meth:`init` (it may be a shape, e.g. a plate's
@@ -643,20 +692,20 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             flat = warmup.find_mode(gradient, target.draw, batch_state, flat, key_mode, self._find_mode_steps)
             init_params = self._unravel(flat)
         laplace = probe = None
-        if self._adapt_mass and self._exact_hessian(flat.shape[0], warmup.EXACT_HESSIAN_MAX):
-            batches = target.epoch(key_hessian, warmup.hessian_rows(target.data_size, flat.shape[0]))
+        if self._adapt_mass and self._exact_hessian(flat.shape[0], adaptation.EXACT_HESSIAN_MAX):
+            batches = target.epoch(key_hessian, adaptation.hessian_rows(target.data_size, flat.shape[0]))
             hessian, mean_gradient = warmup.hessian(gradient, batches, flat)
             laplace = self._laplace(hessian)
             if self._find_mode_steps:  # and Newton steps from the optimiser's end
                 flat = warmup.newton(gradient, batches, flat, hessian, mean_gradient)
                 init_params = self._unravel(flat)
         elif self._adapt_mass:  # many coordinates: the Hessian's diagonal, and the curvature it leaves
-            batches = target.epoch(key_hessian, warmup.hessian_rows(target.data_size, 1))
+            batches = target.epoch(key_hessian, adaptation.hessian_rows(target.data_size, 1))
             key_diagonal, key_power = random.split(key_hessian)
             pre, _ = self._laplace(warmup.hessian_diagonal(gradient, batches, flat, key_diagonal)[0])
             laplace = pre, warmup.largest_curvature(gradient, batches, flat, pre.scale, key_power)
         if self._tune:
-            rows = warmup.PROBE_BATCHES * max((n for _, n in getattr(target, "plate_sizes", {}).values()), default=1)
+            rows = adaptation.PROBE_BATCHES * max((n for _, n in getattr(target, "plate_sizes", {}).values()), default=1)
             probe = warmup.probe(gradient, target.epoch(key_probe, rows), flat)
         batch, batch_state = target.draw(key_draw, batch_state)
         first = gradient(flat, batch)

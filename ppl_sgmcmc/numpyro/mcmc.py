@@ -20,13 +20,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import numpyro.infer
 import tqdm.auto as tqdm
 from jax import lax
 from jax.experimental import io_callback
+from numpyro.util import nested_attrgetter
 
-from ppl_sgmcmc import diagnostics
+from ppl_sgmcmc import _checks, diagnostics
 from ppl_sgmcmc import verdict as _verdict
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
 
@@ -41,7 +43,9 @@ class MCMC(numpyro.infer.MCMC):
     <ppl_sgmcmc.numpyro.kernel.SGMCMCKernel.report_health>`) is reported at the end of each run, from the host,
     rather than from the compiled loop as under ``numpyro.infer.MCMC``: without a progress bar the loop then has
     no host callback, and JAX's persistent compilation cache (which does not keep programs with host callbacks)
-    can read it back in a later process.
+    can read it back in a later process. A finished run's compiled loop goes with the ``MCMC`` object (or at its
+    next run): under ``numpyro.infer.MCMC`` JAX's caches keep every run's loop, kernel and draws for the life of
+    the process (10-20 MB a run for a small model, NUTS too), which a notebook whose cells are rerun feels.
 
     At the end of each run the draws are judged (:func:`ppl_sgmcmc.diagnostics.verdict`: whether the chains agree,
     hold enough effective draws, left no burn-in in the draws, met no more gradient noise than the step size
@@ -62,6 +66,8 @@ class MCMC(numpyro.infer.MCMC):
     progress_bar: bool  # NumPyro's attribute
 
     def __init__(self, sampler: Any, *args: Any, verdict: bool = True, **kwargs: Any) -> None:
+        # NumPyro runs num_chains=0 and fails inside `pmap` with an error about squeezing an axis
+        _checks.positive_int("num_chains", kwargs.get("num_chains", 1), type(self).__name__)
         super().__init__(sampler, *args, **kwargs)
         self.verdict = verdict
         #: The :class:`~ppl_sgmcmc.verdict.Verdict` of the last run (``None``: not judged).
@@ -113,6 +119,41 @@ class MCMC(numpyro.infer.MCMC):
             return 0, self._collection_params["upper"]
         return int(np.ravel(self._warmup_state.i)[0]), self.num_samples
 
+    def _single_chain_mcmc(self, init: Any, args: Any, kwargs: Any, collect_fields: tuple, remove_sites: tuple) -> Any:
+        """NumPyro's, for an SG-MCMC kernel without NumPyro's progress bar: the same draws, collected by a compiled
+        loop that belongs to this run (:func:`_collection_loop`, kept in ``self._cache``, which each run resets)
+        instead of NumPyro's. NumPyro compiles its module-level loop with the run's step function as a static
+        argument, so JAX's caches keep every run's program, and through it the kernel and this object, for the
+        life of the process: a notebook cell rerun with a new kernel grew the process by 10-20 MB each time
+        (``benchmarks/repeated_runs.py``). JAX's caches key this loop on the function itself, weakly: its program
+        goes when this object does, or at its next run."""
+        kernel = self.sampler
+        if self.progress_bar or not isinstance(kernel, SGMCMCKernel):  # NumPyro's Python loop with its bar
+            return super()._single_chain_mcmc(init, args, kwargs, collect_fields, remove_sites)
+        rng_key, init_state, init_params = init
+        if init_state is None or kernel._sample_fn is None:  # as NumPyro does
+            state = kernel.init(rng_key, self.num_warmup, init_params, model_args=args, model_kwargs=kwargs)
+            init_state = state if init_state is None else init_state
+        sample_fn, postprocess_fn = self._get_cached_fns()
+        params, thinning = self._collection_params, self.thinning
+        lower, upper, size = params["lower"], params["upper"], params["collection_size"]
+        size = (upper - lower) // thinning if size is None else size // thinning
+        # one loop for the run's chains (chain_method="sequential" calls this once per chain); none kept when
+        # traced (chain_method="parallel": `pmap` traces this), as NumPyro keeps none
+        key = ("ppl_sgmcmc: collection loop", sample_fn, postprocess_fn, collect_fields, remove_sites, lower, upper,
+               thinning, size)  # fmt: skip
+        loop = None if isinstance(rng_key, jax.core.Tracer) else self._cache.get(key)
+        if loop is None:
+            transform = _collect_and_postprocess(postprocess_fn, collect_fields, remove_sites)
+            loop = _collection_loop(sample_fn, transform, lower, upper, thinning, size)
+            if not isinstance(rng_key, jax.core.Tracer):
+                self._cache[key] = loop
+        init_val = (init_state, args, kwargs) if self._jit_model_args else (init_state,)
+        states, last_val = loop(init_val)
+        if len(collect_fields) == 1:
+            states = (states,)
+        return dict(zip(collect_fields, states)), last_val[0]
+
     def _run(self, kernel: SGMCMCKernel, rng_key: Any, *args: Any, **kwargs: Any) -> None:
         in_loop = self.progress_bar and (self.num_chains == 1 or self.chain_method == "vectorized")
         if not in_loop:
@@ -132,6 +173,52 @@ class MCMC(numpyro.infer.MCMC):
         finally:
             kernel._progress, self.progress_bar = None, True
             bar.close()
+
+
+def _collect_and_postprocess(postprocess_fn: Any, collect_fields: tuple, remove_sites: tuple) -> Any:
+    """NumPyro's ``_collect_and_postprocess`` (the collected fields of a state, its latent values postprocessed and
+    ``remove_sites`` left out), without NumPyro's module-level cache of these functions (which would keep the run)."""
+
+    def collect_and_postprocess(x: tuple) -> Any:
+        if not collect_fields:
+            return x[0]
+        fields = nested_attrgetter(*collect_fields)(x[0])
+        fields = [fields] if len(collect_fields) == 1 else list(fields)
+        fields[0] = postprocess_fn(fields[0], *x[1:])
+        if remove_sites:
+            sites = dict(fields[0])
+            for site in remove_sites:
+                sites.pop(site)
+            fields[0] = sites
+        return fields[0] if len(collect_fields) == 1 else fields
+
+    return collect_and_postprocess
+
+
+def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thinning: int, size: int) -> Any:
+    """``loop(init_val) -> (collection, last_val)``, compiled: ``upper`` calls of ``sample_fn`` from ``init_val``, and
+    ``transform`` of every ``thinning``-th value from call ``lower`` on stored in ``size`` rows, as NumPyro's
+    ``fori_collect(..., progbar=False)`` collects them (the same calls and draws)."""
+    start = lower + (upper - lower) % thinning
+
+    def _collect_draws(init_val: Any) -> Any:
+        rows = jax.eval_shape(transform, init_val)
+        collection = jax.tree.map(lambda x: jnp.zeros((size, *x.shape), x.dtype), rows)
+
+        def body(i: Any, carry: tuple) -> tuple:
+            val, collection = carry
+            val = sample_fn(val)
+            idx = (i - start) // thinning
+
+            def store(rows: Any, new: Any) -> Any:
+                return lax.cond(idx >= 0, lambda rows: rows.at[idx].set(new), lambda rows: rows, rows)
+
+            return val, jax.tree.map(store, collection, transform(val))
+
+        last_val, collection = lax.fori_loop(0, upper, body, (init_val, collection))
+        return collection, last_val
+
+    return jax.jit(_collect_draws)
 
 
 # the state's fields that the progress line (`Algorithm.progress`) does not read

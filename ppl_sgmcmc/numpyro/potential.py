@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, random, vmap
+from numpyro.distributions.distribution import MaskedDistribution
 from numpyro.distributions.transforms import biject_to
 from numpyro.handlers import seed, substitute, trace
 from numpyro.infer.gibbs import subsample_plate_sizes
@@ -40,6 +41,7 @@ from numpyro.infer.util import (
 )
 from numpyro.primitives import _PYRO_STACK, Messenger
 from numpyro.primitives import plate as numpyro_plate
+from numpyro.util import is_prng_key
 
 from ppl_sgmcmc import _model_checks
 from ppl_sgmcmc.numpyro import minibatch
@@ -182,6 +184,44 @@ def _first_rows(msg: dict[str, Any]) -> jax.Array | None:
     return None
 
 
+def feasible_latent(msg: dict[str, Any]) -> jax.Array | None:
+    """A point in the support of a continuous latent site, drawn from nothing: the image of 0 in its
+    unconstrained space (``init_to_feasible``'s point, without its draw); ``None`` for other sites.
+
+    The kernel's own traces of a model (the prototype, the full-data check) substitute it for the prior draw,
+    as NumPyro's ``initialize_model`` traces at the init strategy's values: a prior without a sampler
+    (``ImproperUniform``) or whose sampler needs an optional package (a ``TruncatedDistribution`` of a
+    ``StudentT``, whose inverse CDF needs TensorFlow Probability) then runs as under NUTS.
+
+    **Example**::
+
+        >>> import numpyro, numpyro.distributions as dist
+        >>> from numpyro.handlers import substitute, trace
+        >>> def model():
+        ...     numpyro.sample("s", dist.ImproperUniform(dist.constraints.positive, (), (2,)))
+        >>> trace(substitute(model, substitute_fn=feasible_latent)).get_trace()["s"]["value"].tolist()
+        [1.0, 1.0]
+    """
+    if msg["type"] != "sample" or msg.get("is_observed") or msg["value"] is not None:
+        return None
+    fn = msg["fn"]
+    try:
+        if fn.support.is_discrete:
+            return None
+        transform = biject_to(fn.support)
+        shape = tuple(msg["kwargs"].get("sample_shape") or ()) + tuple(transform.inverse_shape(fn.shape()))
+        return transform(jnp.zeros(shape, jnp.result_type(float)))
+    except (NotImplementedError, TypeError, ValueError):  # a support without a bijection: the prior draw
+        return None
+
+
+def _prototype_value(msg: dict[str, Any]) -> jax.Array | None:
+    """The prototype trace's value of a message: a subsampled plate's first rows (:func:`_first_rows`), a
+    continuous latent's feasible point (:func:`feasible_latent`)."""
+    rows = _first_rows(msg)
+    return rows if rows is not None else feasible_latent(msg)
+
+
 _Subsampled = _model_checks.Subsampled
 
 
@@ -232,6 +272,30 @@ _check_finite = partial(_model_checks.check_finite, bad_mask=_bad_mask)
 _check_subsampled = partial(_model_checks.check_subsampled, bad_mask=_bad_mask, ppl="numpyro")
 _explain_failure = partial(_model_checks.explain_failure, is_array=_is_array, bad_mask=_bad_mask, ppl="numpyro")
 
+
+
+def _support_check(support: Any, value: Any) -> np.ndarray | None:
+    """``support(value)`` as a NumPy boolean array, or ``None`` if the constraint cannot check it here (a shape it
+    does not broadcast with, a tracer, rows sharded over other hosts' devices)."""
+    try:
+        ok = support(value)
+        if isinstance(ok, jax.core.Tracer) or (isinstance(ok, jax.Array) and not ok.is_fully_addressable):
+            return None
+        return np.asarray(ok, dtype=bool)
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _position_shape(site: Mapping[str, Any], constrained: bool) -> tuple[int, ...] | None:
+    """The shape of a latent site's value in the chain's space (unconstrained unless ``constrained``), or ``None``
+    if its support has no bijection to tell it."""
+    shape = tuple(jnp.shape(site["value"]))
+    if constrained:
+        return shape
+    try:
+        return tuple(biject_to(site["fn"].support).inverse_shape(shape))
+    except (NotImplementedError, TypeError, ValueError):
+        return None
 
 
 def _values_and_deterministic(
@@ -326,7 +390,7 @@ class ModelTarget:
         recorder = _ModelRecorder(model, kernel_name)
         try:
             with model_errors(kernel_name, "tracing the model", recorder.plates, (model_args, model_kwargs)):
-                model_trace = trace(seed(substitute(recorder, substitute_fn=_first_rows), rng_key)).get_trace(
+                model_trace = trace(seed(substitute(recorder, substitute_fn=_prototype_value), rng_key)).get_trace(
                     *model_args, **model_kwargs
                 )
         except _model_checks.ModelError:
@@ -342,11 +406,19 @@ class ModelTarget:
         )
         self._check_sites(model_trace)
         unchecked = self._check_data(model_trace, recorder.subsampled)
+        self._check_support(model_trace, recorder.subsampled)
         # the supports of the latents the chain moves (the global sample sites)
         self.latent_supports: dict[str, Any] = {
             name: site["fn"].support
             for name, site in model_trace.items()
             if site["type"] == "sample" and not site["is_observed"] and name not in self.data_sites
+        }
+        if not self.latent_supports:
+            raise _model_checks.no_latent_sites(kernel_name, "numpyro")
+        self.site_names: frozenset[str] = frozenset(model_trace)
+        # the shapes of the chain's values of the latents (unconstrained: a simplex of size k has k - 1)
+        self.latent_shapes: dict[str, tuple[int, ...] | None] = {
+            name: _position_shape(model_trace[name], constrained) for name in self.latent_supports
         }
         if not self.plate_sizes:
             warnings.warn(
@@ -401,6 +473,41 @@ class ModelTarget:
             observed[id(site["value"])] = name
         return set(observed.values()) - _check_subsampled(subsampled, observed, self.kernel_name)
 
+    def _check_support(self, model_trace: Mapping[str, dict[str, Any]], subsampled: list[_Subsampled]) -> None:
+        """Refuse observed data outside their distribution's support (labels ±1 for a ``Bernoulli``), which NumPyro
+        does not validate: its log-density would be a number of no meaning. The whole array an observed site
+        subsamples is checked when the support has no array parameter and the site no mask (one reduction, as for
+        NaN); the minibatch of the prototype trace (the plates' first rows) otherwise, its masked entries left out."""
+        whole = {id(record.msg["value"]): record for record in subsampled}
+        for name, site in model_trace.items():
+            if site["type"] != "sample" or not site["is_observed"]:
+                continue
+            fn, mask = site["fn"], True  # type: Any, Any
+            while isinstance(fn, MaskedDistribution):
+                mask = jnp.logical_and(mask, fn._mask)
+                fn = fn.base_dist
+            value, support = site["value"], fn.support
+            if isinstance(value, jax.core.Tracer) or isinstance(mask, jax.core.Tracer):
+                continue
+            what, kind = f"observed site {name!r}", _model_checks.distribution_name(fn)
+            record = whole.get(id(value))
+            if record is not None and mask is True and _model_checks.scalar_parameters(support, _is_array):
+                array = record.array
+                ok = _support_check(support, array)
+                if ok is not None and ok.shape == jnp.shape(array)[: jnp.ndim(array) - support.event_dim]:
+                    frame = record.frame if record.event_dim == support.event_dim else None
+                    _model_checks.check_support(array, ok, what, kind, support, frame, self.kernel_name)
+                    continue
+            ok = _support_check(support, value)
+            try:
+                ok = None if ok is None else ok | ~np.broadcast_to(np.asarray(mask, bool), ok.shape)
+            except ValueError:  # a mask that does not broadcast: the model fails on its own
+                ok = None
+            if ok is not None:
+                frames = self._frames(site)
+                frame = frames[-1] if frames else None
+                _model_checks.check_support(value, ok, what, kind, support, frame, self.kernel_name)
+
     def _check_full_data(
         self, model_args: tuple[Any, ...], model_kwargs: Mapping[str, Any], unchecked: Set[str] = frozenset()
     ) -> None:
@@ -408,8 +515,10 @@ class ModelTarget:
         sites in subsampled plates (``unchecked``) index their data themselves, run it once to check their
         full data for NaN and inf."""
 
+        view = seed(substitute(full_data(self.model), substitute_fn=feasible_latent), 0)
+
         def run():
-            tr = trace(seed(full_data(self.model), 0)).get_trace(*model_args, **model_kwargs)
+            tr = trace(view).get_trace(*model_args, **model_kwargs)
             return {name: site["fn"].log_prob(site["value"]) for name, site in tr.items() if name in self.data_sites}
 
         plates = ", ".join(f"{name!r} of size {size}" for name, (size, _) in self.plate_sizes.items())
@@ -420,7 +529,7 @@ class ModelTarget:
             ):  # fmt: skip
                 jax.eval_shape(run)
                 if unchecked:
-                    full_trace = trace(seed(full_data(self.model), 0)).get_trace(*model_args, **model_kwargs)
+                    full_trace = trace(view).get_trace(*model_args, **model_kwargs)
         except ValueError:
             _explain_failure([], model_args, model_kwargs, self.plate_sizes, self.kernel_name)
             raise
@@ -440,7 +549,7 @@ class ModelTarget:
         """Valid unconstrained initial values (a batch of them for a batch of keys)."""
 
         def minibatch_model(rng_key, model_args, model_kwargs):
-            batch, _ = self.draw(rng_key if rng_key.ndim == 1 else rng_key[0], self.init_batch(rng_key))
+            batch, _ = self.draw(rng_key if is_prng_key(rng_key) else rng_key[0], self.init_batch(rng_key))
             return substitute(self.model, data=batch)
 
         return self._initialize(rng_key, minibatch_model, init_strategy, model_args, model_kwargs)
@@ -508,7 +617,7 @@ class ModelTarget:
 
     def init_batch(self, rng_key: jax.Array) -> minibatch.BatchState:
         """The minibatch state at the start of the chain (the first key of a batch of keys)."""
-        key = rng_key if rng_key.ndim == 1 else rng_key[0]
+        key = rng_key if is_prng_key(rng_key) else rng_key[0]
         return minibatch.init(key, self.plate_sizes, self.replace)
 
     def draw(

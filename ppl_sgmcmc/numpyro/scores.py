@@ -21,13 +21,13 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from jax.typing import ArrayLike
 from numpyro.distributions.transforms import biject_to
-from numpyro.handlers import seed, trace
+from numpyro.handlers import seed, substitute, trace
 from numpyro.infer import MCMC
 
 from ppl_sgmcmc import diagnostics
 from ppl_sgmcmc.numpyro import inference_data, warmup
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
-from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, split_arrays
+from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, feasible_latent, split_arrays
 
 __all__ = ["DRAWS_PER_BLOCK", "RunView", "full_data_score"]
 
@@ -270,7 +270,8 @@ class RunView:
         draws at a time, with the subsampled plates and the plate of each observed site."""
         target = self.target
         assert isinstance(target, ModelTarget)  # energy_noise refuses a potential_fn first
-        model_trace = trace(seed(self.kernel.model, 0)).get_trace(*self.model_args, **self.model_kwargs)
+        model = seed(substitute(self.kernel.model, substitute_fn=feasible_latent), 0)  # no prior draw
+        model_trace = trace(model).get_trace(*self.model_args, **self.model_kwargs)
         frames = {
             name: [(frame.name, frame.dim) for frame in site["cond_indep_stack"]]
             for name, site in model_trace.items()

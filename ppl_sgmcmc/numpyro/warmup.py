@@ -8,14 +8,14 @@ from a target (:mod:`~ppl_sgmcmc.numpyro.potential`), inside the kernel's compil
   returns to the last point whose gradient was (a step into a region where the model is undefined is
   undone).
 * :func:`hessian`: the Hessian of the potential at a point and its gradient, the means over up to
-  :data:`HESSIAN_ROWS` rows of the data drawn without replacement (all of them for smaller data sets),
+  :data:`~ppl_sgmcmc.adaptation.HESSIAN_ROWS` rows of the data drawn without replacement (all of them for smaller data sets),
   each by forward-over-reverse differentiation of the minibatch gradient.
 * :func:`hessian_diagonal` and :func:`largest_curvature`: with a diagonal preconditioner and more than
-  :data:`EXACT_HESSIAN_MAX` latent coordinates, Hutchinson's estimate of the Hessian's diagonal and the
+  :data:`~ppl_sgmcmc.adaptation.EXACT_HESSIAN_MAX` latent coordinates, Hutchinson's estimate of the Hessian's diagonal and the
   largest curvature it leaves, by power iteration: one Hessian-vector product per minibatch instead of ``d``.
 * :func:`newton`: Newton steps from the optimiser's end point (:func:`ppl_sgmcmc.adaptation.newton_direction`),
   each the best of a few fractions of the step on the Hessian's minibatches.
-* :func:`probe`: :data:`PROBE_BATCHES` minibatch gradients at one point, whose spread is the gradient
+* :func:`probe`: :data:`~ppl_sgmcmc.adaptation.PROBE_BATCHES` minibatch gradients at one point, whose spread is the gradient
   noise that sets the first step size.
 * :func:`when`: ``fn(operand)`` if a predicate holds: a branch, kept a branch under ``jax.vmap`` (the
   warm-up's adaptation is skipped after the warm-up by all chains at once).
@@ -32,30 +32,20 @@ import optax
 from jax import custom_batching, lax, random, vmap
 
 from ppl_sgmcmc.adaptation import (
+    FIND_MODE_B2,
+    FIND_MODE_FINAL_RATE,
+    FIND_MODE_RATE,
     NEWTON_FRACTIONS,
     NEWTON_GROWTH,
     NEWTON_ITERATIONS,
     NEWTON_RADIUS,
     NEWTON_TOLERANCE,
+    POWER_ITERATIONS,
+    magnitude,
     newton_direction,
 )
 
-__all__ = ["EXACT_HESSIAN_MAX", "FIND_MODE_FINAL_RATE", "FIND_MODE_RATE", "HESSIAN_ROWS", "PROBE_BATCHES", "find_mode",
-           "hessian", "hessian_diagonal", "hessian_rows", "largest_curvature", "newton", "probe", "when"]
-
-#: Adam's learning rate at the start of :func:`find_mode` and, as a fraction of it, at the end.
-FIND_MODE_RATE, FIND_MODE_FINAL_RATE = 0.1, 0.01
-#: The most data rows (of the largest subsampled plate) the Hessian averages over.
-HESSIAN_ROWS = 2**16
-#: The largest ``rows × d`` of a Hessian: fewer rows for many latents.
-HESSIAN_ENTRIES = 2**24
-#: The minibatch gradients of the noise probe.
-PROBE_BATCHES = 64
-#: With more latent coordinates than this, a diagonal preconditioner is built from an estimate of the Hessian's
-#: diagonal (:func:`hessian_diagonal`) rather than from the whole Hessian (``d`` products per minibatch).
-EXACT_HESSIAN_MAX = 1000
-#: The power iterations of :func:`largest_curvature`.
-POWER_ITERATIONS = 20
+__all__ = ["find_mode", "hessian", "hessian_diagonal", "largest_curvature", "newton", "probe", "scale_by_magnitude", "when"]
 
 GradientFn = Callable[[jax.Array, Any], Any]  # (flat position, batch) -> StochasticGradient
 
@@ -75,10 +65,12 @@ def find_mode(gradient: GradientFn, draw: Callable[[jax.Array, Any], tuple[Any, 
               flat: jax.Array, rng_key: jax.Array, steps: int) -> jax.Array:  # fmt: skip
     """``steps`` steps of Adam on the minibatch potential from ``flat``: an approximate mode.
 
-    The learning rate decays from :data:`FIND_MODE_RATE` to ``FIND_MODE_RATE × FIND_MODE_FINAL_RATE`` along
+    The learning rate decays from :data:`~ppl_sgmcmc.adaptation.FIND_MODE_RATE` to ``FIND_MODE_RATE × FIND_MODE_FINAL_RATE`` along
     a cosine (``optax.cosine_decay_schedule``); Adam's steps are about that long in every coordinate,
-    whatever the gradient's scale. A step whose gradient is not finite moves back to the last point whose
-    gradient was finite and leaves Adam's moments unchanged.
+    whatever the gradient's scale, times the coordinate's magnitude where it exceeds 1
+    (:func:`scale_by_magnitude`): a mode at 10⁴ (an outcome in dollars) or a start at 10⁴ is reached
+    geometrically, in tens of steps, where a step of fixed length would need 10⁵. A step whose gradient is not
+    finite moves back to the last point whose gradient was finite and leaves Adam's moments unchanged.
 
     :param gradient: ``(flat, batch) -> StochasticGradient`` of the minibatch potential.
     :param draw: ``(rng_key, batch_state) -> (batch, batch_state)``, the target's minibatch draw.
@@ -99,7 +91,9 @@ def find_mode(gradient: GradientFn, draw: Callable[[jax.Array, Any], tuple[Any, 
         >>> [round(v, 2) for v in x.tolist()]
         [3.0, 3.0]
     """
-    optimizer = optax.adam(optax.cosine_decay_schedule(FIND_MODE_RATE, steps, alpha=FIND_MODE_FINAL_RATE))
+    optimizer = optax.chain(optax.scale_by_adam(b2=FIND_MODE_B2), scale_by_magnitude(),
+                            optax.scale_by_learning_rate(optax.cosine_decay_schedule(FIND_MODE_RATE, steps,
+                                                                                     alpha=FIND_MODE_FINAL_RATE)))
 
     def body(carry, key):
         x, last_good, opt_state, batch_state = carry
@@ -113,6 +107,27 @@ def find_mode(gradient: GradientFn, draw: Callable[[jax.Array, Any], tuple[Any, 
 
     (x, _, _, _), _ = lax.scan(body, (flat, flat, optimizer.init(flat), batch_state), random.split(rng_key, steps))
     return x
+
+
+def scale_by_magnitude() -> optax.GradientTransformation:
+    """An ``optax`` transformation that multiplies each coordinate's update by ``max(1, |x|)`` for the current
+    parameters ``x`` (:func:`ppl_sgmcmc.adaptation.magnitude`): after Adam's normalisation, steps relative to the
+    coordinate's size where it is large, of absolute size where it is small.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.numpyro.warmup import scale_by_magnitude
+        >>> t = scale_by_magnitude()
+        >>> updates, _ = t.update(jnp.ones(3), t.init(None), jnp.array([0.5, -4.0, 100.0]))
+        >>> updates.tolist()
+        [1.0, 4.0, 100.0]
+    """
+
+    def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
+        return jax.tree.map(lambda u, x: u * magnitude(x), updates, params), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def hessian(gradient: GradientFn, batches: Any, flat: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -229,7 +244,7 @@ def hessian_diagonal(gradient: GradientFn, batches: Any, flat: jax.Array, rng_ke
 def largest_curvature(gradient: GradientFn, batches: Any, flat: jax.Array, scale: jax.Array,
                       rng_key: jax.Array) -> jax.Array:  # fmt: skip
     """The largest curvature of the potential in the coordinates ``u = θ ⊘ scale``: the largest eigenvalue of
-    ``diag(scale) H diag(scale)`` at ``flat``, by :data:`POWER_ITERATIONS` power iterations with one
+    ``diag(scale) H diag(scale)`` at ``flat``, by :data:`~ppl_sgmcmc.adaptation.POWER_ITERATIONS` power iterations with one
     Hessian-vector product each, on the minibatches of ``batches`` in turn. What caps the step size when only
     the Hessian's diagonal is known (:func:`hessian_diagonal`).
 
@@ -255,20 +270,6 @@ def largest_curvature(gradient: GradientFn, batches: Any, flat: jax.Array, scale
     v0 = random.normal(rng_key, flat.shape, flat.dtype)
     _, rayleigh = lax.scan(body, v0 / jnp.linalg.norm(v0), jnp.arange(POWER_ITERATIONS))
     return jnp.abs(rayleigh[-1])
-
-
-def hessian_rows(data_size: int, probes: int) -> int:
-    """How many rows the Hessian averages over, when each minibatch takes ``probes`` Hessian-vector products
-    (``d`` for :func:`hessian`, 1 for :func:`hessian_diagonal`): all ``data_size`` up to :data:`HESSIAN_ROWS`,
-    and at most ``HESSIAN_ENTRIES / probes``.
-
-    **Example**::
-
-        >>> from ppl_sgmcmc.numpyro.warmup import hessian_rows
-        >>> hessian_rows(32561, 123), hessian_rows(10**7, 20), hessian_rows(60000, 10**4), hessian_rows(60000, 1)
-        (32561, 65536, 1677, 60000)
-    """
-    return max(1, min(data_size, HESSIAN_ROWS, HESSIAN_ENTRIES // probes))
 
 
 def probe(gradient: GradientFn, batches: Any, flat: jax.Array) -> Any:

@@ -93,33 +93,55 @@ class _Sites(NamedTuple):
 
 
 def _sites(mcmc: MCMC) -> _Sites:
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():  # leaves Pyro's RNG as it was
-        model_trace = poutine.trace(mcmc.kernel.model).get_trace(*mcmc._args, **mcmc._kwargs)
     samples = mcmc.get_samples()
+    first = {name: value[0] for name, value in samples.items()}  # no prior draw (an ImproperUniform has none)
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():  # leaves Pyro's RNG as it was
+        model = poutine.condition(mcmc.kernel.model, first)
+        model_trace: Any = poutine.trace(model).get_trace(*mcmc._args, **mcmc._kwargs)
     observed, deterministic, local, plates = {}, [], [], {}
     for name, site in model_trace.nodes.items():
         if site["type"] != "sample" or type(site["fn"]).__name__ == "_Subsample":
             continue
         if site["infer"].get("_deterministic"):
             deterministic.append(name)
+        elif name in samples:  # a latent site, conditioned on its first draw
+            continue
         elif site["is_observed"]:
             log_prob = site["fn"].log_prob(site["value"])
             observed[name] = (log_prob.shape, log_prob.dtype)
             plates[name] = [(frame.name, frame.dim) for frame in site["cond_indep_stack"]]
-        elif name not in samples:
+        else:
             local.append(name)
     return _Sites(observed, deterministic, local, plates)
 
 
 
-def _vectorized(mcmc: MCMC, chunk: dict[str, torch.Tensor], observed: dict[str, tuple]) -> dict[str, torch.Tensor]:
-    """The log-likelihood of the draws ``chunk`` in one run of the model, batched over them."""
-    model_trace = Predictive(mcmc.kernel.model, chunk).get_vectorized_trace(*mcmc._args, **mcmc._kwargs)
+def _plate_nesting(mcmc: MCMC, draw: dict[str, torch.Tensor]) -> int:
+    """The number of plate dims of the full-data model, from one run conditioned on ``draw`` (the batched draws
+    go left of them, as ``Predictive`` puts them)."""
+    model_trace = poutine.trace(poutine.condition(mcmc.kernel.model, draw)).get_trace(*mcmc._args, **mcmc._kwargs)
+    return max(
+        (-frame.dim for site in model_trace.nodes.values() if site["type"] == "sample"
+         for frame in site["cond_indep_stack"] if frame.vectorized and frame.dim is not None),
+        default=0,
+    )  # fmt: skip
+
+
+def _vectorized(
+    mcmc: MCMC, chunk: dict[str, torch.Tensor], observed: dict[str, tuple], nesting: int
+) -> dict[str, torch.Tensor]:
+    """The log-likelihood of the draws ``chunk`` in one run of the model, batched over them in a plate left of the
+    model's ``nesting`` plate dims: ``Predictive.get_vectorized_trace``'s run, without its prior draw of a
+    prototype and without its ``poutine.mask(mask=False)``, which hides a site's own mask."""
     num = next(iter(chunk.values())).shape[0]
+    samples = {k: v.reshape((num,) + (1,) * (nesting - (v.dim() - 1)) + v.shape[1:]) for k, v in chunk.items()}
+    draws = pyro.plate("_num_draws", num, dim=-nesting - 1)
+    model = poutine.condition(draws(mcmc.kernel.model), samples)
+    model_trace: Any = poutine.trace(model).get_trace(*mcmc._args, **mcmc._kwargs)
     out = {}
     for name, (shape, _) in observed.items():
         site = model_trace.nodes[name]
-        values = site["fn"].log_prob(site["value"])
+        values = _masked(site, site["fn"].log_prob(site["value"]))
         if values.numel() != num * math.prod(shape):  # broadcast wrongly
             raise ValueError(
                 f"site {name!r}: log_prob of shape {tuple(values.shape)} for {num} draws of {tuple(shape)}"
@@ -134,9 +156,21 @@ def _one_draw(mcmc: MCMC, draw: dict[str, torch.Tensor], observed: dict[str, tup
     sites = model_trace.nodes
     # an observed site's "fn" is its distribution (pyro's Message types it as any callable)
     return {
-        name: cast(pyro.distributions.Distribution, sites[name]["fn"]).log_prob(sites[name]["value"])
+        name: _masked(sites[name], cast(pyro.distributions.Distribution, sites[name]["fn"]).log_prob(sites[name]["value"]))
         for name in observed
     }
+
+
+def _masked(site: Any, log_prob: torch.Tensor) -> torch.Tensor:
+    """``log_prob`` of an observed site with the entries its ``poutine.mask`` masks out set to 0: what NumPyro's
+    ``log_likelihood`` (a masked site's distribution is a ``MaskedDistribution``) and so ``az.from_numpyro`` give
+    them. ``az.from_pyro`` reads the unmasked ``log_prob``: a masked row, which may hold any placeholder, would
+    count in ``az.loo`` as a datum."""
+    mask = site["mask"]
+    if mask is None or mask is True:
+        return log_prob
+    mask = torch.as_tensor(mask, dtype=torch.bool, device=log_prob.device)
+    return torch.where(mask, log_prob, torch.zeros((), dtype=log_prob.dtype, device=log_prob.device))
 
 
 def full_data_log_likelihood(
@@ -211,13 +245,15 @@ def _log_likelihood_chunks(
     warning)."""
     total = next(iter(flat.values())).shape[0]
     vectorize = True
+    with torch.no_grad(), poutine.block():
+        nesting = _plate_nesting(mcmc, {k: v[0] for k, v in flat.items()})
     for start in range(0, total, chunk_size):
         stop = min(start + chunk_size, total)
         out: dict[str, np.ndarray] | None = None
         with torch.no_grad(), poutine.block():
             if vectorize:
                 try:
-                    chunk = _vectorized(mcmc, {k: v[start:stop] for k, v in flat.items()}, observed)
+                    chunk = _vectorized(mcmc, {k: v[start:stop] for k, v in flat.items()}, observed, nesting)
                 except Exception as error:  # noqa: BLE001 - any failure of the batched run: fall back
                     vectorize = False
                     reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

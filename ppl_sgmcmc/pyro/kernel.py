@@ -7,10 +7,12 @@ validated hyper-parameters; everything else is here. It mirrors
 ``diagnostics()`` and ``cleanup()``.
 """
 
+import sys
 import warnings
 from collections import OrderedDict
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.func
 import torch.utils._pytree as pytree
@@ -18,7 +20,7 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ppl_sgmcmc import _checks, health, noise, verdict
+from ppl_sgmcmc import _checks, _model_checks, adaptation, health, noise, verdict
 from ppl_sgmcmc.algorithms import Algorithm
 from ppl_sgmcmc.pyro import compile as compile_
 from ppl_sgmcmc.pyro import warmup
@@ -44,6 +46,35 @@ def _check_one_process(kernel: str) -> None:
                 "`MCMC(num_chains=...)` in one process group of size 1 (see the user guide, 'Large data and "
                 "many devices')."
             )
+
+def _check_finite_initial(params, kernel: str) -> None:
+    """Refuse initial values that hold NaN or inf (the model would fail at them with an unrelated error)."""
+    bad = [
+        k for k, v in params.items()
+        if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())
+        or not torch.is_tensor(v) and not np.all(np.isfinite(np.asarray(v, dtype=float)))
+    ]  # fmt: skip
+    if bad:
+        raise _model_checks.nonfinite_initial(bad, "initial_params", kernel)
+
+
+def _check_num_samples(kernel: str) -> None:
+    """Refuse ``num_samples < 1`` of the Pyro ``MCMC`` that sets up the chain (read from its generator's frame):
+    Pyro runs the whole warm-up and then fails stacking no samples."""
+    frame: Any = sys._getframe(1)
+    for _ in range(8):  # setup's callers, up to Pyro's `_gen_samples`
+        frame = frame.f_back
+        if frame is None:
+            return
+        if frame.f_code.co_name == "_gen_samples" and frame.f_globals.get("__name__") == "pyro.infer.mcmc.api":
+            num_samples = frame.f_locals.get("num_samples")
+            if isinstance(num_samples, int) and num_samples < 1:
+                raise ValueError(
+                    f"{kernel}: MCMC(num_samples={num_samples}): Pyro's MCMC keeps no draw and fails after the "
+                    "warm-up, stacking none. Pass num_samples >= 1."
+                )
+            return
+
 
 def _accepted_noise_update(previous, variance, count, gradient, scale):
     """:func:`ppl_sgmcmc.noise.update` of an accepted step, on the estimate's tensors: ``(*new estimate, term)``."""
@@ -136,7 +167,9 @@ class SGMCMCState(NamedTuple):
     - **rule_state**: the update rule's auxiliary state, e.g. ``momentum`` and ``thermostat``.
     - **potential_energy**: the *minibatch estimate* ``Ũ_t`` at the point where the step took its
       gradient; noisy and scaled to the full data, not the exact potential ``U``.
-    - **step_size**: the step size ``h`` the last step used.
+    - **step_size**: the step size ``h`` the last step used, in the coordinates of the preconditioner when one
+      is adapted: a new kernel takes it back with its preconditioner
+      (:meth:`~ppl_sgmcmc.algorithms.Algorithm.tuned_options`), not alone.
     - **diverging**: whether the last step's gradient or new state was non-finite; the step was then
       rejected: the chain kept its last finite position and rule state, except that a momentum is
       redrawn (:func:`ppl_sgmcmc.rules.refresh_momentum`).
@@ -411,6 +444,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if resume is not None:
             self._initial_params = dict(resume.state.z)
         args, kwargs = as_tensors(args), as_tensors(kwargs)
+        _check_num_samples(name)
+        if self._initial_params is not None:
+            _check_finite_initial(self._initial_params, name)
         if self._model is not None:
             target = self._make_target(args, kwargs)
             self._check_target(target)
@@ -418,23 +454,14 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             if self._initial_params is None:
                 self._initial_params = target.initial_params()
             else:
-                missing = [k for k in target.layout.names if k not in self._initial_params]
-                if missing:
-                    raise ValueError(
-                        f"{name}: `initial_params` lacks the latent site(s) {', '.join(map(repr, missing))}; give "
-                        "unconstrained values for every latent site."
-                    )
-                self._initial_params = {k: v for k, v in self._initial_params.items() if k in target.layout.shapes}
-                given = {k: tuple(torch.as_tensor(v).shape) for k, v in self._initial_params.items()}
-                wrong = [k for k in target.layout.names if given[k] != tuple(target.layout.shapes[k])]
-                if wrong:
-                    raise ValueError(
-                        f"{name}: `initial_params` gives the latent site(s) "
-                        f"{', '.join(f'{k!r} the shape {given[k]}' for k in wrong)}; the model's are "
-                        f"{', '.join(f'{k!r}: {tuple(target.layout.shapes[k])}' for k in wrong)}. Give unconstrained "
-                        "values of each site's shape (with several chains, Pyro's `MCMC` takes one leading axis of "
-                        "`num_chains`)."
-                    )
+                # the values of other sites of the model (deterministic ones, from a previous run) are dropped
+                latents, sites = target.layout.names, target.site_names
+                given = {k: v for k, v in self._initial_params.items() if k in latents or k not in sites}
+                _model_checks.initial_sites(list(given), latents, "initial_params", name)
+                self._initial_params = given
+                shapes = {k: tuple(torch.as_tensor(v).shape) for k, v in given.items()}
+                chains = "with several chains, Pyro's `MCMC` takes one leading axis of `num_chains`"
+                _model_checks.initial_shapes(shapes, target.layout.shapes, "initial_params", chains, name)
         else:
             target = PotentialTarget(self._potential_fn, name)
             if self._initial_params is None:
@@ -477,7 +504,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if :attr:`constrained`."""
         init_strategy = self._init_strategy or init_to_uniform
         target_args = (self._model, args, kwargs, self._replace, self.name, init_strategy, self._compile)
-        options = dict(warn_no_plate=not self._warned_no_plate, constrained=self.constrained)
+        options = dict(
+            warn_no_plate=not self._warned_no_plate, constrained=self.constrained, initial_values=self._initial_params
+        )
         if self._gibbs is None:
             return ModelTarget(*target_args, **options)
         return GibbsTarget(*target_args, **options, gibbs=self._gibbs)
@@ -699,20 +728,20 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if self._find_mode_steps:
             flat = warmup.find_mode(target, flat, self._generator, self._find_mode_steps, score_kind)
         laplace = probe = None
-        if self._adapt_mass and not self._exact_hessian(flat.shape[0], warmup.EXACT_HESSIAN_MAX):
+        if self._adapt_mass and not self._exact_hessian(flat.shape[0], adaptation.EXACT_HESSIAN_MAX):
             # many coordinates: the Hessian's diagonal, and the curvature it leaves
-            batches = target.epoch(self._generator, warmup.hessian_rows(target.data_size, 1))
+            batches = target.epoch(self._generator, adaptation.hessian_rows(target.data_size, 1))
             pre, _ = self._laplace(warmup.hessian_diagonal(target, flat, batches, self._generator)[0])
             laplace = pre, warmup.largest_curvature(target, flat, batches, pre.scale, self._generator)
         elif self._adapt_mass:
-            batches = target.epoch(self._generator, warmup.hessian_rows(target.data_size, flat.shape[0]))
+            batches = target.epoch(self._generator, adaptation.hessian_rows(target.data_size, flat.shape[0]))
             hessian, mean_gradient = warmup.hessian(target, flat, batches)
             laplace = self._laplace(hessian)
             if self._find_mode_steps:  # and Newton steps from the optimiser's end
                 flat = warmup.newton(target, flat, batches, hessian, mean_gradient, score_kind)
         if self._tune:
             n = max((n for _, n in target.plate_sizes.values()), default=1)
-            probe = warmup.probe(target, flat, target.epoch(self._generator, warmup.PROBE_BATCHES * n), score_kind)
+            probe = warmup.probe(target, flat, target.epoch(self._generator, adaptation.PROBE_BATCHES * n), score_kind)
         self._flat = self._finite_flat = flat
         rule_state = self.rule_init(flat, self._normal(flat))
         energy = None
@@ -959,6 +988,13 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             raise TypeError(
                 f"{self.name}: `resume_from` holds a {type(state).__name__}, not a {self.state_type.__name__}: "
                 "continue a chain with a kernel of its own kind."
+            )
+        own = type(self.rule_init(self._target.layout.ravel(state.z), self._target.layout.ravel(state.z))).__name__
+        if type(state.rule_state).__name__ != own:  # another algorithm's chain: its rule state has other fields
+            raise TypeError(
+                f"{self.name}: `resume_from` holds the state of another algorithm's chain (its rule state is a "
+                f"{type(state.rule_state).__name__}, {self.name}'s a {own}): continue a chain with a kernel of its "
+                f"own kind, or start a new {self.name} chain where it ended: `kernel.initial_params = state.state.z`."
             )
         shapes = {name: tuple(state.z[name].shape) for name in layout.names}
         expected = {name: tuple(layout.shapes[name]) for name in layout.names}

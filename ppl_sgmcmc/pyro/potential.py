@@ -138,25 +138,81 @@ def _discrete_latent_error(kernel_name, name, fn):
     )
 
 
+def _support_check(support, value):
+    """``support.check(value)`` as a NumPy boolean array, or ``None`` if the constraint cannot check it."""
+    try:
+        with torch.no_grad():
+            return support.check(value).cpu().numpy().astype(bool)
+    except (TypeError, ValueError, RuntimeError, IndexError, NotImplementedError):
+        return None
+
+
 class _Init(InitMessenger):
     """The init strategy on continuous latents; a discrete latent is refused before the strategy
     (which cannot handle it) fails with a less helpful message. With ``local`` (local Gibbs) sites
     named, discrete sites are left to the model's own prior draw: the target's site checks then say
-    which sites are wrong."""
+    which sites are wrong.
 
-    def __init__(self, init_fn, kernel_name, local=()):
+    ``given``: the initial values the chain will start from (``initial_params``, in the chain's space:
+    unconstrained unless ``constrained``); a site gets its own, so that a model undefined at the strategy's
+    draw (``log(mu)`` of a ``mu`` drawn negative) traces at the values the chain starts from. A prior the
+    strategy cannot draw from (``ImproperUniform``) gets a uniform point in ``(-2, 2)`` of its unconstrained
+    space, the point ``init_to_uniform`` would draw."""
+
+    def __init__(self, init_fn, kernel_name, local=(), given=None, constrained=False):
         super().__init__(init_fn)
         self.kernel_name = kernel_name
         self.local = frozenset(local)
+        self.given = {} if given is None else given
+        self.constrained = constrained
 
     def _pyro_sample(self, msg):
         if msg["name"] in self.local:
             return
-        if msg["value"] is None and type(msg["fn"]).__name__ != "_Subsample" and msg["fn"].support.is_discrete:
+        if msg["value"] is not None or type(msg["fn"]).__name__ == "_Subsample":
+            return
+        if msg["fn"].support.is_discrete:
             if self.local:
                 return
             raise _discrete_latent_error(self.kernel_name, msg["name"], msg["fn"])
-        super()._pyro_sample(msg)
+        value = self._given(msg)
+        if value is not None:
+            msg["value"] = value
+            return
+        try:
+            super()._pyro_sample(msg)
+        except NotImplementedError:  # the strategy draws from the prior, which has no sampler
+            fn = msg["fn"]
+            value = _uniform_point(fn)
+            if value is None:
+                name = _model_checks.distribution_name(fn)
+                raise _model_checks.no_bijection(msg["name"], name, fn.support, self.kernel_name, "pyro") from None
+            msg["value"] = value
+
+    def _given(self, msg):
+        """The site's given initial value in its support, or ``None`` (none given, or not of the site's shape: the
+        kernel's check of ``initial_params`` then says so)."""
+        if msg["name"] not in self.given:
+            return None
+        fn, value = msg["fn"], torch.as_tensor(self.given[msg["name"]])
+        with torch.no_grad():
+            try:
+                value = value if self.constrained else biject_to(fn.support)(value)
+            except (NotImplementedError, RuntimeError, ValueError):
+                return None
+        return value if value.shape == fn.shape() else None
+
+
+def _uniform_point(fn):
+    """A uniform draw in ``(-2, 2)`` of the unconstrained space of ``fn``'s support, mapped to the support
+    (``init_to_uniform`` without its prior draw, which only gives it the shape); ``None`` if the support has no
+    bijection."""
+    try:
+        transform = biject_to(fn.support)
+        u = torch.rand(transform.inverse_shape(fn.shape()), dtype=torch.get_default_dtype()) * 4 - 2
+        return transform(u)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return None
 
 
 class _LogDensity(Messenger):
@@ -324,8 +380,11 @@ class ModelTarget:
         compile=True,
         warn_no_plate=True,
         constrained=False,
+        initial_values=None,
     ):
         self.model = model
+        # the chain's given start (`initial_params`): the prototype trace runs there (see `_Init`)
+        self.initial_values = initial_values
         # position in the latents' own (constrained) space: no transforms, no log-Jacobian (SGRLD)
         self.constrained = constrained
         self.model_args = model_args
@@ -343,7 +402,10 @@ class ModelTarget:
             and any(f.name in self.plate_sizes for f in site["cond_indep_stack"])
         )
         latents = self._check_sites(model_trace)
+        if not latents:
+            raise _model_checks.no_latent_sites(kernel_name, "pyro")
         self._check_data(model_trace, recorder.subsampled)
+        self.site_names = frozenset(model_trace.nodes)
         self.deterministic_sites = [
             name
             for name, site in model_trace.nodes.items()
@@ -385,7 +447,8 @@ class ModelTarget:
         with a ``recorder``, the plates' sizes are checked and the subsampled tensors recorded (at init).
         Returns ``(trace, {plate name: (N, n)})``."""
         plates = subsample_plates(None)
-        model = _Init(self.init_strategy, self.kernel_name, self.local_sites)(self.model)
+        init = _Init(self.init_strategy, self.kernel_name, self.local_sites, self.initial_values, self.constrained)
+        model = init(self.model)
         traced = poutine.trace(plates(model if recorder is None else recorder(model)))
         data = (self.model_args, self.model_kwargs)
         try:
@@ -409,6 +472,12 @@ class ModelTarget:
             if name in self.data_sites:
                 plates = [f.name for f in site["cond_indep_stack"] if f.name in self.plate_sizes]
                 raise _model_checks.local_latent(name, plates[0], self.kernel_name, "pyro")
+            if not self.constrained:
+                try:
+                    biject_to(site["fn"].support)
+                except NotImplementedError:
+                    fn = _model_checks.distribution_name(site["fn"])
+                    raise _model_checks.no_bijection(name, fn, site["fn"].support, self.kernel_name, "pyro") from None
             latents.append(name)
         return latents
 
@@ -436,6 +505,7 @@ class ModelTarget:
             )
             observed[id(site["value"])] = name
         unchecked = set(observed.values()) - _check_subsampled(subsampled, observed, self.kernel_name)
+        self._check_support(model_trace, subsampled)
         if not unchecked:
             return
         plates = ", ".join(f"{name!r} of size {size}" for name, (size, _) in self.plate_sizes.items())
@@ -452,6 +522,39 @@ class ModelTarget:
             event_dim = len(site["fn"].event_shape)
             frame = _model_checks.rows_frame(self._frames(site), site["value"].shape, event_dim)
             _check_finite(site["value"], f"observed site {name!r}", frame, event_dim, self.kernel_name)
+
+    def _check_support(self, model_trace: Any, subsampled: list[_Subsampled]) -> None:
+        """Refuse observed data outside their distribution's support (labels ±1 for a ``Bernoulli``) with a
+        message naming the site: the whole tensor an observed site subsamples when the support has no tensor
+        parameter and the site no mask, else the prototype trace's minibatch (the plates' first rows), its masked
+        entries left out. (The full-data check's validation would refuse them too, naming no site.)"""
+        whole = {id(record.msg["value"]): record for record in subsampled}
+        for name, site in model_trace.nodes.items():
+            if site["type"] != "sample" or not site["is_observed"] or is_subsample_site(site):
+                continue
+            if site["infer"].get("_deterministic") or not torch.is_tensor(site["value"]):
+                continue
+            fn, mask, value = site["fn"], site["mask"], site["value"]
+            support, what, kind = fn.support, f"observed site {name!r}", _model_checks.distribution_name(fn)
+            record = whole.get(id(value))
+            if record is not None and mask is None and _model_checks.scalar_parameters(support, torch.is_tensor):
+                array = record.array
+                ok = _support_check(support, array)
+                if ok is not None and ok.shape == tuple(array.shape[: array.dim() - support.event_dim]):
+                    frame = record.frame if record.event_dim == support.event_dim else None
+                    _model_checks.check_support(array.detach().cpu(), ok, what, kind, support, frame, self.kernel_name)
+                    continue
+            ok = _support_check(support, value)
+            try:
+                if ok is not None and mask is not None:
+                    ok = ok | ~np.broadcast_to(torch.as_tensor(mask).cpu().numpy().astype(bool), ok.shape)
+            except ValueError:  # a mask that does not broadcast: the model fails on its own
+                ok = None
+            if ok is None:
+                continue
+            frames = self._frames(site)
+            frame = frames[-1] if frames else None
+            _model_checks.check_support(value.detach().cpu(), ok, what, kind, support, frame, self.kernel_name)
 
     def check_full_data(self, flat):
         """Evaluate the full-data view once at ``flat`` (with Pyro's validation on) to catch shape errors

@@ -4,8 +4,8 @@ The Pyro twin of :mod:`ppl_sgmcmc.numpyro.warmup` (same constants, same semantic
 :mod:`~ppl_sgmcmc.pyro.potential`:
 
 * :func:`find_mode`: ``torch.optim.Adam`` with a cosine-annealed learning rate
-  (``torch.optim.lr_scheduler.CosineAnnealingLR``) on the minibatch potential, from the init strategy's
-  point; a step whose gradient is not finite returns to the last point whose gradient was.
+  (``torch.optim.lr_scheduler.CosineAnnealingLR``), each step times ``max(1, |x|)``, on the minibatch
+  potential, from the init strategy's point; a step whose gradient is not finite returns to the last point whose gradient was.
 * :func:`hessian`: the means of the minibatch Hessians and gradients over the target's :meth:`epoch`
   batches, each Hessian by a double backward pass through the model run eagerly (``torch.autograd.grad``
   with ``create_graph``, then one batched backward pass for all ``d`` columns).
@@ -13,7 +13,7 @@ The Pyro twin of :mod:`ppl_sgmcmc.numpyro.warmup` (same constants, same semantic
   the curvature it leaves, for a diagonal preconditioner of many latent coordinates.
 * :func:`newton`: Newton steps from the optimiser's end point, each the best of a few fractions of the step
   on the Hessian's minibatches.
-* :func:`probe`: :data:`~ppl_sgmcmc.numpyro.warmup.PROBE_BATCHES` minibatch gradients at one point,
+* :func:`probe`: :data:`~ppl_sgmcmc.adaptation.PROBE_BATCHES` minibatch gradients at one point,
   stacked.
 """
 
@@ -24,25 +24,21 @@ from typing import Any, cast
 import torch
 
 from ppl_sgmcmc.adaptation import (
+    FIND_MODE_B2,
+    FIND_MODE_FINAL_RATE,
+    FIND_MODE_RATE,
     NEWTON_FRACTIONS,
     NEWTON_GROWTH,
     NEWTON_ITERATIONS,
     NEWTON_RADIUS,
     NEWTON_TOLERANCE,
-    newton_direction,
-)
-from ppl_sgmcmc.numpyro.warmup import (
-    EXACT_HESSIAN_MAX,
-    FIND_MODE_FINAL_RATE,
-    FIND_MODE_RATE,
     POWER_ITERATIONS,
-    PROBE_BATCHES,
-    hessian_rows,
+    magnitude,
+    newton_direction,
 )
 from ppl_sgmcmc.rules import StochasticGradient
 
-__all__ = ["EXACT_HESSIAN_MAX", "PROBE_BATCHES", "find_mode", "hessian", "hessian_diagonal", "hessian_rows",
-           "largest_curvature", "newton", "probe"]
+__all__ = ["find_mode", "hessian", "hessian_diagonal", "largest_curvature", "newton", "probe"]
 
 
 def find_mode(target: Any, flat: torch.Tensor, generator: torch.Generator, steps: int, score_kind: Any) -> torch.Tensor:
@@ -62,7 +58,7 @@ def find_mode(target: Any, flat: torch.Tensor, generator: torch.Generator, steps
     """
     x = flat.detach().clone()
     last_good = x.clone()
-    optimizer = torch.optim.Adam([x], lr=FIND_MODE_RATE)
+    optimizer = torch.optim.Adam([x], lr=FIND_MODE_RATE, betas=(0.9, FIND_MODE_B2))
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps, eta_min=FIND_MODE_RATE * FIND_MODE_FINAL_RATE)
     batch_state = target.init_batch(generator)
     for _ in range(steps):
@@ -72,6 +68,8 @@ def find_mode(target: Any, flat: torch.Tensor, generator: torch.Generator, steps
             last_good.copy_(x.detach())
             x.grad = grad
             optimizer.step()
+            with torch.no_grad():  # Adam's step times max(1, |x|), as `scale_by_magnitude`
+                x.copy_(last_good + (x - last_good) * cast(torch.Tensor, magnitude(last_good)))
         else:
             with torch.no_grad():
                 x.copy_(last_good)

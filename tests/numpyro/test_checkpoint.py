@@ -2,6 +2,11 @@
 resumed by a fresh ``MCMC`` (and kernel) gives exactly the draws, statistics and final state of one uninterrupted
 run; the draws saved so far read as InferenceData at any time."""
 
+import hashlib
+import json
+import pickle
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,9 +77,8 @@ def test_interrupted_run_resumes_bit_for_bit_with_vectorized_chains(logistic_dat
     np.testing.assert_array_equal(
         idata.sample_stats["minibatch_lp"], -whole.get_extra_fields(group_by_chain=True)["potential_energy"]
     )
-    assert sorted((tmp_path).iterdir()) == [tmp_path / f"draws-0000{k}.npz" for k in range(4)] + [
-        tmp_path / "state.pkl"
-    ]
+    names = [f"draws-0000{k}.npz" for k in range(4)] + ["manifest.json", "state-00003.npz"]
+    assert sorted(tmp_path.iterdir()) == [tmp_path / name for name in names]  # no pickle, one state
 
 
 def test_csgld_with_an_auto_grid_resumes_bit_for_bit(logistic_data, tmp_path):
@@ -127,3 +131,166 @@ def test_arguments_are_checked(tmp_path):
         checkpoint.run(object(), checkpoint=tmp_path, checkpoint_every=9)
     with pytest.raises(FileNotFoundError):
         checkpoint.load(tmp_path / "nothing")
+
+
+def small_mcmc(num_samples):
+    """A quick chain on a potential: 5 warm-up steps, then ``num_samples`` draws."""
+    kernel = SGNHT(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1)
+    return MCMC(kernel, num_warmup=5, num_samples=num_samples, progress_bar=False)
+
+
+INIT = {"x": jnp.ones(2)}
+
+
+class Marker:
+    """Unpickled, it creates the file ``path``: what a crafted pickle could do."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def rewrite_manifest(directory, change):
+    """Change the manifest as a forger would: ``change(manifest)``, then its checksum recomputed."""
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["checksum"]
+    change(manifest)
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    path.write_text(json.dumps({**manifest, "checksum": hashlib.sha256(text.encode()).hexdigest()}))
+
+
+def test_a_crafted_checkpoint_runs_no_code(tmp_path):
+    """A ``state.pkl`` (the old format) is not unpickled without the opt-in, and the current format has no
+    pickle anywhere: a pickled object array in the state file, or a manifest naming a function as a
+    NamedTuple class, is refused, even with valid checksums. None of them creates the marker file."""
+    marker = tmp_path / "marker"
+    crafted = tmp_path / "crafted"
+    crafted.mkdir()
+    (crafted / "state.pkl").write_bytes(pickle.dumps({"format": 1, "chunks": [Marker(marker)]}))
+    with pytest.raises(ValueError, match=r"state\.pkl.*pickle.*allow_pickle=True"):
+        checkpoint.load(crafted)
+    with pytest.raises(ValueError, match=r"state\.pkl.*pickle.*allow_pickle=True"):
+        checkpoint.run(small_mcmc(20), jax.random.PRNGKey(0), init_params=INIT, checkpoint=crafted, checkpoint_every=10)
+    assert not marker.exists()
+
+    real = tmp_path / "real"
+    checkpoint.run(small_mcmc(20), jax.random.PRNGKey(0), init_params=INIT, checkpoint=real, checkpoint_every=10)
+    state_file = real / "state-00001.npz"
+
+    def forge(arrays, tree):  # a state file and its structure, with valid checksums
+        np.savez(state_file, **arrays)
+        content = state_file.read_bytes()
+        state = {"file": state_file.name, "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+        rewrite_manifest(real, lambda manifest: manifest.update(state={**state, "tree": tree}))
+
+    forge({"0": np.array([Marker(marker)], dtype=object)}, {"array": "0", "numpy": "object"})  # a pickle in the .npz
+    with pytest.raises(ValueError, match=r"the chain's state in .*state-00001\.npz.* does not rebuild .*pickle"):
+        checkpoint.run(small_mcmc(30), jax.random.PRNGKey(0), init_params=INIT, checkpoint=real, checkpoint_every=10)
+    forge({}, {"namedtuple": "os:system", "fields": {}})  # a function where a NamedTuple class goes
+    with pytest.raises(ValueError, match="'os:system' is not a NamedTuple class"):
+        checkpoint.run(small_mcmc(30), jax.random.PRNGKey(0), init_params=INIT, checkpoint=real, checkpoint_every=10)
+    assert not marker.exists()
+
+
+def test_an_old_pickle_checkpoint_is_read_with_the_opt_in_and_a_warning(tmp_path):
+    """A format-1 checkpoint (``state.pkl``) resumes bit for bit with ``allow_pickle=True``, with a warning,
+    and is rewritten in the current format."""
+    whole = small_mcmc(40)
+    whole.run(jax.random.PRNGKey(0), init_params=INIT)
+    first = small_mcmc(20)
+    checkpoint.run(first, jax.random.PRNGKey(0), init_params=INIT, checkpoint=tmp_path, checkpoint_every=10)
+    old = {"format": 1, "backend": "numpyro", "kernel": "SGNHT", "num_warmup": 5, "num_chains": 1, "thinning": 1,
+           "extra_fields": (), "num_draws": 20, "chunks": ["draws-00000.npz", "draws-00001.npz"],
+           "state": first.last_state, "diagnostics": None}  # fmt: skip
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps(old))
+    (tmp_path / "manifest.json").unlink()
+    (tmp_path / "state-00001.npz").unlink()
+
+    with pytest.raises(ValueError, match=r"state\.pkl.*allow_pickle=True"):
+        checkpoint.load(tmp_path)
+    with pytest.warns(UserWarning, match="a pickle can run any code"):
+        assert checkpoint.load(tmp_path, allow_pickle=True).posterior["x"].shape == (1, 20, 2)
+    resumed = small_mcmc(40)
+    with pytest.warns(UserWarning, match="a pickle can run any code"):
+        checkpoint.run(resumed, jax.random.PRNGKey(0), init_params=INIT, checkpoint=tmp_path, checkpoint_every=10,
+                       allow_pickle=True)  # fmt: skip
+    assert_same_run(resumed, whole)
+    assert not (tmp_path / "state.pkl").exists() and (tmp_path / "manifest.json").exists()
+    checkpoint.load(tmp_path)  # the current format: no opt-in needed
+
+
+@pytest.fixture(scope="module")
+def three_chunks(tmp_path_factory):
+    """A checkpoint of 3 chunks of 10 draws, to copy and damage."""
+    directory = tmp_path_factory.mktemp("three_chunks")
+    checkpoint.run(small_mcmc(30), jax.random.PRNGKey(0), init_params=INIT, checkpoint=directory, checkpoint_every=10)
+    return directory
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("swap", r"draws-00000\.npz', chunk 0 \(10 draws\) in the manifest, holds the contents of draws-00001\.npz "
+                 r"\(chunk 1\): files were swapped"),
+        ("flip", r"draws-00001\.npz', chunk 1 \(10 draws\) in the manifest, does not match its SHA-256 checksum"),
+        ("remove", r"draws-00002\.npz', chunk 2 \(10 draws\) in the manifest, is missing"),
+        ("truncate state", r"state-00002\.npz', the chain's state in the manifest, has 100 bytes, not \d+: it is "
+                           "truncated"),
+        ("empty manifest", r"manifest\.json' is not a checkpoint manifest \(empty, truncated or damaged"),
+        ("edit manifest", r"manifest\.json': its contents do not match its checksum"),
+    ],
+    ids=["swap", "flip", "remove", "truncate state", "empty manifest", "edit manifest"],
+)  # fmt: skip
+def test_a_damaged_checkpoint_gives_a_clear_error(three_chunks, tmp_path, damage, message):
+    """Each damage is named, with the file, and no run goes on from it (nor a bare EOFError/BadZipFile)."""
+    tmp_path = tmp_path / "checkpoint"
+    shutil.copytree(three_chunks, tmp_path)
+    chunk = tmp_path / "draws-00001.npz"
+    if damage == "swap":
+        shutil.move(tmp_path / "draws-00000.npz", tmp_path / "swap")
+        shutil.move(chunk, tmp_path / "draws-00000.npz")
+        shutil.move(tmp_path / "swap", chunk)
+    elif damage == "flip":
+        content = bytearray(chunk.read_bytes())
+        content[len(content) // 2] ^= 1
+        chunk.write_bytes(bytes(content))
+    elif damage == "remove":
+        (tmp_path / "draws-00002.npz").unlink()
+    elif damage == "truncate state":
+        state = tmp_path / "state-00002.npz"
+        state.write_bytes(state.read_bytes()[:100])
+    elif damage == "empty manifest":
+        (tmp_path / "manifest.json").write_bytes(b"")
+    else:
+        manifest = tmp_path / "manifest.json"
+        manifest.write_text(manifest.read_text().replace('"num_warmup": 5', '"num_warmup": 6'))
+    with pytest.raises(ValueError, match=message) as error:
+        checkpoint.run(small_mcmc(40), jax.random.PRNGKey(0), init_params=INIT, checkpoint=tmp_path,
+                       checkpoint_every=10)  # fmt: skip
+    assert "start the run again in a new directory" in str(error.value)
+    if damage != "truncate state":  # `load` reads the manifest and the chunks, not the state
+        with pytest.raises(ValueError, match=message):
+            checkpoint.load(tmp_path)
+
+
+def test_resuming_with_other_data_is_refused(logistic_data, tmp_path):
+    """The checkpoint keeps a fingerprint of the model's arguments: other values, shapes or dtypes are refused
+    (naming the argument), unless ``check_data=False``."""
+    X, y = logistic_data
+    make = lambda n: MCMC(SGLD(logistic_model, step_size=1e-3), num_warmup=5, num_samples=n, progress_bar=False)  # noqa: E731
+    checkpoint.run(make(10), jax.random.PRNGKey(0), X, y, checkpoint=tmp_path, checkpoint_every=10)
+    other_y = y.at[7].set(1 - y[7])
+    with pytest.raises(ValueError, match="argument 1 has other values.*check_data=False"):
+        checkpoint.run(make(20), jax.random.PRNGKey(0), X, other_y, checkpoint=tmp_path, checkpoint_every=10)
+    with pytest.raises(ValueError, match=r"argument 0 has shape \(100, 2\) and dtype float32 here, \(200, 2\)"):
+        checkpoint.run(make(20), jax.random.PRNGKey(0), X[:100], y[:100], checkpoint=tmp_path, checkpoint_every=10)
+    with pytest.raises(ValueError, match="keyword argument 'batch_size' is new"):
+        checkpoint.run(make(20), jax.random.PRNGKey(0), X, y, batch_size=20, checkpoint=tmp_path, checkpoint_every=10)
+    checkpoint.run(make(10), jax.random.PRNGKey(0), X, y, checkpoint=tmp_path, checkpoint_every=10)  # the same data
+    resumed = make(20)
+    checkpoint.run(resumed, jax.random.PRNGKey(0), X, other_y, checkpoint=tmp_path, checkpoint_every=10,
+                   check_data=False)  # fmt: skip
+    assert resumed.get_samples()["w"].shape == (20, 2)

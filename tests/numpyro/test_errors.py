@@ -8,6 +8,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from jax.flatten_util import ravel_pytree
 from numpyro.infer import MCMC
 
 from ppl_sgmcmc.numpyro import PSGLD, SGHMC, SGLD, SGNHT
@@ -287,3 +288,286 @@ def test_a_run_without_the_cpu_platform_is_refused(monkeypatch):
     kernel = SGLD(potential_fn=lambda z: jnp.sum(z["x"] ** 2), step_size=0.1)
     with pytest.raises(RuntimeError, match="JAX_PLATFORMS=cuda,cpu"):
         kernel.init(jax.random.PRNGKey(0), 0, {"x": jnp.ones(2)})
+
+
+# --- every input NUTS takes works or is refused clearly (issue 31) -------------------------------------------------
+def _mean_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=20):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+_Y = jnp.linspace(0.0, 2.0, 100)  # mean 1
+
+
+def _run(kernel, *args, num_warmup=20, num_samples=50, **kwargs):
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, progress_bar=False,
+                **{k: kwargs.pop(k) for k in ("num_chains", "chain_method") if k in kwargs})  # fmt: skip
+    mcmc.run(kwargs.pop("rng_key", jax.random.PRNGKey(0)), *args, **kwargs)
+    return mcmc
+
+
+def test_model_without_a_latent_site_is_refused():
+    """It failed in the warm-up with a ZeroDivisionError, or with a zero-size reduction."""
+
+    def model(y):
+        with numpyro.plate("data", y.shape[0], subsample_size=20):
+            numpyro.sample("y", dist.Normal(0.0, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+    for kernel in (SGLD(model), SGLD(model, step_size=1e-3)):
+        with pytest.raises(ValueError, match=r"SGLD: the model has no latent sample site .* Declare at least one"):
+            _run(kernel, _Y, num_warmup=300)
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"nu": jnp.array(0.0)}, r"`init_params` lacks the latent site\(s\) 'mu' and names 'nu', which is not a latent"),
+        ({"mu": jnp.array(0.0), "sigma": jnp.array(1.0)}, r"names 'sigma', which is not a latent site of the model"),
+        ({"mu": jnp.zeros(2)}, r"`init_params` gives the latent site\(s\) 'mu' the shape \(2,\); the model's are 'mu': \(\)"),
+        ({"mu": jnp.array(jnp.nan)}, r"`init_params` holds NaN or inf at the site\(s\) 'mu'; the chain needs a finite"),
+    ],
+)
+def test_bad_init_params_name_the_site(params, message):
+    """A wrong or renamed site failed with a bare AssertionError, a NaN with an unrelated distribution error."""
+    with pytest.raises(ValueError, match=message):
+        _run(SGLD(_mean_model, step_size=1e-3), _Y, init_params=params)
+
+
+def test_resuming_with_a_renamed_site_names_it(tmp_path):
+    """``checkpoint.run`` continues a chain with its position as `init_params`: a model whose site was renamed since
+    failed with a bare AssertionError."""
+    from ppl_sgmcmc import checkpoint
+
+    def renamed(y):
+        nu = numpyro.sample("nu", dist.Normal(0.0, 10.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=20):
+            numpyro.sample("y", dist.Normal(nu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+    def mcmc(model):
+        return MCMC(SGLD(model, step_size=1e-3), num_warmup=10, num_samples=20, progress_bar=False)
+
+    checkpoint.run(mcmc(_mean_model), jax.random.PRNGKey(0), _Y, checkpoint=tmp_path, checkpoint_every=10)
+    longer = MCMC(SGLD(renamed, step_size=1e-3), num_warmup=10, num_samples=40, progress_bar=False)
+    with pytest.raises(ValueError, match=r"lacks the latent site\(s\) 'nu' and names 'mu'"):
+        checkpoint.run(longer, jax.random.PRNGKey(0), _Y, checkpoint=tmp_path, checkpoint_every=10)
+
+
+def _improper(y):
+    mu = numpyro.sample("mu", dist.ImproperUniform(dist.constraints.real, (), ()))
+    with numpyro.plate("data", y.shape[0], subsample_size=20):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def _truncated_student_t(y):
+    s = numpyro.sample("s", dist.TruncatedDistribution(dist.StudentT(3.0, 0.0, 1.0), low=0.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=20):
+        numpyro.sample("y", dist.Normal(0.0, s), obs=numpyro.subsample(y, event_dim=0))
+
+
+@pytest.mark.parametrize("init_params", [None, {"mu": jnp.array(0.5)}])
+def test_improper_uniform_prior_runs(init_params):
+    """An ImproperUniform prior (no sampler) failed with an empty NotImplementedError from the kernel's own trace of
+    the model, with or without `init_params`; NUTS runs it."""
+    from ppl_sgmcmc.numpyro import to_inference_data
+
+    mcmc = _run(SGLD(_improper), _Y, num_warmup=300, num_samples=300, init_params=init_params)
+    assert abs(float(mcmc.get_samples()["mu"].mean()) - 1.0) < 0.3  # the posterior N(1, 0.1²)
+    assert to_inference_data(mcmc).log_likelihood["y"].shape == (1, 300, 100)
+
+
+def test_truncated_student_t_prior_runs():
+    """Its sampler needs TensorFlow Probability (an ImportError when the kernel traced the model under `seed`); NUTS
+    traces at the init strategy's values, and so does the kernel now."""
+    y = 2.0 * jax.random.normal(jax.random.PRNGKey(1), (100,))
+    s = _run(SGLD(_truncated_student_t), y, num_warmup=300, num_samples=300).get_samples()["s"]
+    assert float(s.min()) > 0 and 1.5 < float(s.mean()) < 2.7
+
+
+def _labels(y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=20):
+        numpyro.sample("y", dist.Bernoulli(logits=w), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_observations_outside_the_support_name_the_site_and_rows():
+    """Labels ±1 for a Bernoulli gave 'Cannot find valid initial parameters'; rows past the first minibatch only gave
+    no error at all (NumPyro does not validate data: a wrong posterior)."""
+    y = jnp.where(jnp.arange(100) % 2 == 0, 1.0, -1.0)
+    with pytest.raises(ValueError, match=r"observed site 'y' has values outside the support Boolean\(\) of its "
+                                         r"Bernoulli distribution at rows \[1, 3, 5, 7, 9, \.\.\.\] of plate 'data' "
+                                         r"\(50 of 100 rows; e.g. -1\)\. .* `\(y \+ 1\) / 2`"):  # fmt: skip
+        _run(SGLD(_labels, step_size=1e-3), y)
+    late = jnp.ones(100).at[77].set(2.0)
+    with pytest.raises(ValueError, match=r"at rows \[77\] of plate 'data' \(1 of 100 rows; e.g. 2\)"):
+        _run(SGLD(_labels, step_size=1e-3), late)
+
+
+def test_masked_observations_may_hold_anything():
+    def model(y, keep):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=20):
+            with numpyro.handlers.mask(mask=numpyro.subsample(keep, event_dim=0)):
+                numpyro.sample("y", dist.Bernoulli(logits=w), obs=numpyro.subsample(y, event_dim=0))
+
+    keep = jnp.arange(100) % 2 == 0
+    _run(SGLD(model, step_size=1e-3), jnp.where(keep, 1.0, -1.0), keep)
+
+
+def test_num_chains_zero_is_refused():
+    """NumPyro runs it and fails inside `pmap` ('cannot select an axis to squeeze out'); NUTS too."""
+    from ppl_sgmcmc.numpyro import MCMC as SGMCMC
+
+    with pytest.raises(ValueError, match=r"MCMC: `num_chains` must be a positive integer, got 0"):
+        SGMCMC(SGLD(_mean_model, step_size=1e-3), num_warmup=1, num_samples=1, num_chains=0)
+
+
+@pytest.mark.parametrize(
+    "rng_key, chains",
+    [
+        (jax.random.PRNGKey(0), {}),
+        (jax.random.key(0), {}),
+        (jax.random.key(0, impl="rbg"), {}),
+        (np.array([0, 7], np.uint32), {}),
+        (jax.random.key(0), dict(num_chains=2, chain_method="sequential")),
+        (jax.random.split(jax.random.key(0), 2), dict(num_chains=2, chain_method="vectorized")),
+        (jax.random.split(jax.random.PRNGKey(0), 2), dict(num_chains=2, chain_method="vectorized")),
+    ],
+    ids=["PRNGKey", "typed key", "rbg key", "numpy key", "typed key, 2 sequential chains",
+         "typed keys, 2 vectorized chains", "raw keys, 2 vectorized chains"],  # fmt: skip
+)
+def test_every_rng_key_form_runs(rng_key, chains):
+    """A typed key (`jax.random.key`) failed with 'Too many indices' (the kernel indexed a batch of raw keys)."""
+    mcmc = _run(SGLD(_mean_model, step_size=1e-3), _Y, rng_key=rng_key, **chains)
+    assert mcmc.get_samples()["mu"].shape == (50 * chains.get("num_chains", 1),)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        numpyro.infer.init_to_median, numpyro.infer.init_to_sample, numpyro.infer.init_to_feasible,
+        numpyro.infer.init_to_mean, numpyro.infer.init_to_uniform(radius=0.5),
+        numpyro.infer.init_to_value(values={"mu": 1.0}),
+    ],
+    ids=["median", "sample", "feasible", "mean", "uniform", "value"],
+)
+def test_init_strategies_run(strategy):
+    assert jnp.isfinite(_run(SGLD(_mean_model, init_strategy=strategy), _Y, num_warmup=300).get_samples()["mu"]).all()
+
+
+def _latent(prior, statistic):
+    """A model of one latent site ``x``: an ImproperUniform gets a proper Normal density by a factor."""
+
+    def model(y):
+        x = numpyro.sample("x", prior)
+        if isinstance(prior, dist.ImproperUniform):
+            numpyro.factor("prior", -0.5 * jnp.sum(x**2))
+        with numpyro.plate("data", y.shape[0], subsample_size=20):
+            numpyro.sample("y", dist.Normal(statistic(x), 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+    return model
+
+
+@pytest.mark.parametrize(
+    "prior, statistic, support",
+    [
+        (dist.Dirichlet(jnp.ones(3)), lambda p: p @ jnp.arange(3.0), dist.constraints.simplex),
+        (dist.LogNormal(0.0, 1.0).expand([2]).to_event(1), lambda s: s[0], dist.constraints.positive),
+        (dist.ImproperUniform(dist.constraints.ordered_vector, (), (3,)), lambda c: c[1], dist.constraints.ordered_vector),
+        (dist.ImproperUniform(dist.constraints.lower_cholesky, (), (2, 2)), lambda L: L[1, 0], dist.constraints.lower_cholesky),
+        (dist.LKJCholesky(3, 2.0), lambda L: L[1, 0], dist.constraints.corr_cholesky),
+        (dist.Wishart(4.0, scale_matrix=jnp.eye(2)), lambda S: S[1, 0], dist.constraints.positive_definite),
+        (dist.VonMises(0.0, 1.0), jnp.cos, dist.constraints.circular),
+    ],
+    ids=["simplex", "positive", "ordered", "lower cholesky", "corr cholesky", "positive definite", "circular"],
+)
+def test_constrained_supports_run(prior, statistic, support):
+    model = _latent(prior, statistic)
+    for kernel in (SGLD(model, step_size=1e-3), SGNHT(model)):
+        x = _run(kernel, _Y, num_warmup=300).get_samples()["x"]
+        assert bool(jnp.all(jax.vmap(support)(x) if support is not dist.constraints.circular else jnp.isfinite(x)))
+
+
+def test_a_support_without_a_bijection_is_refused():
+    model = _latent(dist.ProjectedNormal(jnp.ones(3)), lambda v: v[0])
+    with pytest.raises(ValueError, match=r"spherical sample site 'x'.*ProjectedNormalReparam"):
+        _run(SGLD(model, step_size=1e-3), _Y)
+
+
+def test_runs_in_two_threads_draw_what_they_draw_alone():
+    """NumPyro's handler stack is one per process: two runs tracing their models at once met each other's sites and
+    plates (NUTS too). The kernels take turns to trace."""
+    import threading
+
+    def other(y):
+        nu = numpyro.sample("nu", dist.Normal(0.0, 10.0))
+        with numpyro.plate("rows", y.shape[0], subsample_size=10):
+            numpyro.sample("z", dist.Normal(nu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+    def draws(model, out=None):
+        samples = _run(SGLD(model, step_size=1e-3), _Y, num_warmup=50, num_samples=100).get_samples()
+        return samples if out is None else out.append((model, samples))
+
+    alone = {model: draws(model) for model in (_mean_model, other)}
+    for _ in range(2):
+        out = []
+        threads = [threading.Thread(target=draws, args=(model, out)) for model in (_mean_model, other)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(out) == 2
+        for model, samples in out:
+            for name, value in samples.items():
+                np.testing.assert_array_equal(value, alone[model][name])
+
+
+def test_tuned_step_size_goes_back_with_its_preconditioner(logistic_data):
+    """The recorded step size is one in the adapted preconditioner's coordinates: given alone it blew up; given with
+    the preconditioner (`tuned_options`) a new kernel runs the tuned run's post-warm-up kernel, step for step."""
+    from ppl_sgmcmc.adaptation import Preconditioner
+
+    tuned = SGLD(logistic_model)
+    mcmc = _run(tuned, *logistic_data, num_warmup=300, num_samples=300, extra_fields=("step_size",))
+    reference = mcmc.get_samples()["w"]
+    options = tuned.tuned_options(mcmc.last_state)
+    assert options["step_size"] == float(mcmc.get_extra_fields()["step_size"][-1])
+    assert isinstance(options["inverse_mass_matrix"], Preconditioner)
+    again = SGLD(logistic_model, **options)
+    assert not again.adapts
+    again.init(jax.random.PRNGKey(1), 0, init_params=mcmc.last_state.z, model_args=logistic_data)
+    state = mcmc.last_state
+    for _ in range(5):  # the same step from the same state: the kernels are the same
+        ours, theirs = jax.jit(again.sample)(state, logistic_data, {}), jax.jit(tuned.sample)(state, logistic_data, {})
+        np.testing.assert_array_equal(ravel(ours.z), ravel(theirs.z))
+        state = theirs
+    # a fresh chain with the tuned options samples what the tuned run samples; Σ itself works too
+    fresh = _run(SGLD(logistic_model, **options), *logistic_data, num_warmup=100, num_samples=300,
+                 init_params=mcmc.last_state.z)  # fmt: skip
+    np.testing.assert_allclose(fresh.get_samples()["w"].mean(0), reference.mean(0), atol=0.3)
+    pre = options["inverse_mass_matrix"]
+    with_cov = SGLD(logistic_model, step_size=options["step_size"], inverse_mass_matrix=np.asarray(pre.scale @ pre.scale.T))
+    assert jnp.isfinite(_run(with_cov, *logistic_data).get_samples()["w"]).all()
+
+
+def ravel(tree):
+    return ravel_pytree(tree)[0]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(inverse_mass_matrix=np.ones(3)), r"give the\s+`step_size` of its coordinates too"),
+        (dict(step_size=0.1, inverse_mass_matrix=np.ones(3), adapt_mass_matrix=True), r"leave `adapt_mass_matrix` and"),
+        (dict(step_size=0.1, inverse_mass_matrix=-np.ones(3)), r"`inverse_mass_matrix` must have positive entries"),
+        (dict(step_size=0.1, inverse_mass_matrix=2.0), r"vector of the d variances or a d×d covariance"),
+    ],
+)
+def test_inverse_mass_matrix_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SGLD(logistic_model, **kwargs)
+
+
+def test_inverse_mass_matrix_of_another_dimension_is_refused(logistic_data):
+    with pytest.raises(ValueError, match=r"a preconditioner of 5 coordinates, but the model has 3 unconstrained"):
+        _run(SGLD(logistic_model, step_size=1e-3, inverse_mass_matrix=np.ones(5)), *logistic_data)

@@ -89,8 +89,8 @@ def test_bar_updates_from_the_compiled_loop(logistic_data, capfd, monkeypatch):
     mcmc = with_bar(MCMC(sgnht(), num_warmup=10, num_samples=200, progress_rate=50))
     with COMPILATIONS as compiled:
         mcmc.run(jax.random.PRNGKey(0), *logistic_data)
-    # one compiled loop (numpyro's progress_bar=False path), not numpyro's per-draw `_body_fn` calls
-    assert "jit(_fori_collect_loop)" in compiled.names and "jit(_body_fn)" not in compiled.names
+    # one compiled loop (the run's own, as for progress_bar=False), not numpyro's per-draw `_body_fn` calls
+    assert "jit(_collect_draws)" in compiled.names and "jit(_body_fn)" not in compiled.names
     err = capfd.readouterr().err
     assert "warmup" in err and "sample: 100%" in err and "210/210" in err
     assert "Ũ_t" in err and "ξ̄" in err  # the kernel's diagnostics string
@@ -161,3 +161,25 @@ def test_repeated_runs_reuse_the_compilation(logistic_data, compilation_cache_di
     with COMPILATIONS as resumed:
         mcmc.run(mcmc.last_state.rng_key, *logistic_data)  # ...then read back
     assert "cache_misses" not in resumed.events and "cache_hits" in resumed.events
+
+
+@pytest.mark.parametrize("bar", [False, True], ids=["no bar", "in-loop bar"])
+def test_a_finished_run_is_not_kept(logistic_data, bar):
+    """Nothing keeps a finished run once its ``MCMC`` object goes: not JAX's caches of the compiled loop, nor
+    NumPyro's of the step functions (NumPyro's own loop, a static argument of a module-level jitted function,
+    kept every run's program, kernel and draws: a notebook cell rerun with a new kernel grew the process by
+    10-20 MB, ``benchmarks/repeated_runs.py``)."""
+    import gc
+    import weakref
+
+    runs = []
+    for seed in range(2):
+        kernel = SGLD(logistic_model, step_size=1e-3)
+        mcmc = MCMC(kernel, num_warmup=5, num_samples=10, verdict=False)
+        mcmc.progress_bar = bar
+        mcmc.run(jax.random.PRNGKey(seed), *logistic_data)
+        runs += [weakref.ref(kernel), weakref.ref(mcmc)]
+        del kernel, mcmc
+    for _ in range(2):  # JAX's caches drop the loop's entries in weakref callbacks of the first collection
+        gc.collect()
+    assert [run() for run in runs] == [None] * len(runs)

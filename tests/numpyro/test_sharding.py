@@ -7,7 +7,8 @@ JAX fixes its device count when it starts, so the runs happen in subprocesses: o
 * The global draw gathers the same minibatch rows as one device: the trajectories of meshes of 2 and 4
   devices and of two hosts equal the one-device (unsharded) one to float tolerance (the all-reduce that
   gathers the rows adds zeros, and XLA may fuse the gradient's sums in another order): vectorised chains
-  with a fixed step size, and, on 4 devices, the tuned warm-up with epochs; so do the full-data
+  with a fixed step size, the hands-off warm-up of every kernel that tunes its step size, and, on 4 devices,
+  the tuned warm-up with epochs; so do the full-data
   log-likelihood for ArviZ (computed shard by shard) and, on 4 devices, a resumed run. Each ``MCMC.run``
   compiles anew, so the runs are few and short.
 * The posterior on 4 devices is the conjugate one, within Monte Carlo error (``tests/helpers.py``): the
@@ -38,6 +39,7 @@ from tests.helpers import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+TUNED_KERNELS = ("SGLD", "SGHMC", "SGNHT", "PSGLD", "CSGLD", "CSGHMC", "SGFS")
 NUM_DATA, NUM_FEATURES, BATCH, NOISE, PRIOR = 1000, 3, 50, 16.0, 1.0
 STEP, DIFFUSION = 5e-3, 2.0  # as test_posterior.py's "sgnht-multivariate-splitting"
 NUM_CHAINS, NUM_WARMUP, NUM_SAMPLES, THINNING = 8, 2_000, 16_000, 4
@@ -52,6 +54,7 @@ from ppl_sgmcmc.numpyro.sharding import data_mesh, shard_rows
 from tests.helpers import linear_regression_data
 
 N, D, BATCH, NOISE, PRIOR = {NUM_DATA}, {NUM_FEATURES}, {BATCH}, {NOISE}, {PRIOR}
+TUNED_KERNELS = {TUNED_KERNELS!r}
 X, Y, _ = linear_regression_data(N, D, NOISE, seed=0)
 
 
@@ -117,6 +120,21 @@ np.savez(sys.argv[1], posterior=np.asarray(mcmc.get_samples(group_by_chain=True)
 print(json.dumps({{"devices": len(jax.devices()), "error": error, "sgfs_error": sgfs_error}}))
 """
 
+KERNELS = COMMON + """
+import ppl_sgmcmc.numpyro as sg
+results = {}
+for name in TUNED_KERNELS:  # hands-off: the warm-up tunes the step size and the metric
+    for k in (1, 2, 4):
+        mesh = data_mesh(jax.devices()[:k])
+        data = (jnp.asarray(X), jnp.asarray(Y)) if k == 1 else shard_rows(X, Y, mesh=mesh)
+        mcmc = MCMC(getattr(sg, name)(regression), num_warmup=200, num_samples=20, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(0), *data)
+        results[f"{name}/{k}"] = np.asarray(mcmc.get_samples()["w"])
+        results[f"{name}/{k}/step_size"] = np.asarray(mcmc.get_extra_fields()["step_size"])
+np.savez(sys.argv[1], **results)
+print(json.dumps({}))
+"""
+
 HOSTS = """
 import sys
 process, port, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -180,6 +198,25 @@ def test_same_trajectory_as_one_device(four_devices, devices):
             results[f"{devices}/{name}"], results[f"unsharded/{name}"], rtol=RTOL, atol=ATOL, err_msg=name
         )
     assert results["unsharded/log_likelihood"].shape == (2, 100, NUM_DATA)
+
+
+@pytest.fixture(scope="module")
+def tuned_kernels(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sharding") / "kernels.npz"
+    _result(_run(KERNELS, path, devices=4))
+    return dict(np.load(path))
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_every_tuned_kernel_tunes_the_same_chain(tuned_kernels, devices):
+    """Every kernel whose warm-up tunes, hands-off, follows the same chain on rows sharded over 2 and 4 devices as
+    on one: the same step size and the same draws, to float rounding (the warm-up's decisions are continuous in
+    what it measures, so sums in another order do not change them)."""
+    results = tuned_kernels
+    for name in TUNED_KERNELS:
+        for field in ("", "/step_size"):
+            np.testing.assert_allclose(results[f"{name}/{devices}{field}"], results[f"{name}/1{field}"], rtol=RTOL,
+                                       atol=ATOL, err_msg=f"{name}{field}")  # fmt: skip
 
 
 def test_parallel_chains_on_several_devices(four_devices):

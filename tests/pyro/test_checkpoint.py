@@ -3,6 +3,7 @@
 draws of one run of ``W + S1 + S2``, also from a pickled state in a new kernel, whatever the global seed."""
 
 import pickle
+import shutil
 
 import pyro
 import pytest
@@ -155,3 +156,115 @@ def test_last_state_survives_cleanup_and_pickling():
     assert type(kernel.last_state).__name__ == "ChainState" and kernel.last_state.state.i == 3
     copy = pickle.loads(pickle.dumps(kernel))
     assert_states_equal(copy.last_state.state, kernel.last_state.state)
+
+
+def small_run(num_samples, directory, seed=0, **options):
+    """A checkpointed SGNHT chain on a potential (5 warm-up steps); its ``MCMC``."""
+    pyro.set_rng_seed(seed)
+    kernel = SGNHT(potential_fn=energy, step_size=0.1)
+    mcmc = MCMC(kernel, warmup_steps=5, num_samples=num_samples, initial_params={"x": torch.ones(2)},
+                disable_progbar=True)  # fmt: skip
+    checkpoint.run(mcmc, checkpoint=directory, checkpoint_every=10, **options)
+    return mcmc
+
+
+class Marker:
+    """Unpickled, it creates the file ``path``: what a crafted pickle could do."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def test_a_crafted_pickle_runs_no_code(tmp_path):
+    marker, crafted = tmp_path / "marker", tmp_path / "crafted"
+    crafted.mkdir()
+    (crafted / "state.pkl").write_bytes(pickle.dumps({"format": 1, "state": Marker(marker)}))
+    with pytest.raises(ValueError, match=r"state\.pkl.*pickle.*allow_pickle=True"):
+        checkpoint.load(crafted)
+    with pytest.raises(ValueError, match=r"state\.pkl.*pickle.*allow_pickle=True"):
+        small_run(20, crafted)
+    assert not marker.exists()
+
+
+def test_an_old_pickle_checkpoint_is_read_with_the_opt_in_and_a_warning(tmp_path):
+    """A format-1 checkpoint (``state.pkl``) of 20 draws continues to the draws and final state of one run of
+    40 with ``allow_pickle=True``, with a warning, and is rewritten in the current format."""
+    pyro.set_rng_seed(0)
+    whole_kernel = SGNHT(potential_fn=energy, step_size=0.1)
+    whole = MCMC(whole_kernel, warmup_steps=5, num_samples=40, initial_params={"x": torch.ones(2)},
+                 disable_progbar=True)  # fmt: skip
+    whole.run()
+    first = small_run(20, tmp_path)
+    old = {"format": 1, "backend": "pyro", "kernel": "SGNHT", "num_warmup": 5, "num_chains": 1, "thinning": 1,
+           "extra_fields": (), "num_draws": 20, "chunks": ["draws-00000.npz", "draws-00001.npz"],
+           "state": first.kernel.last_state, "diagnostics": first._diagnostics}  # fmt: skip
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps(old))
+    (tmp_path / "manifest.json").unlink()
+    (tmp_path / "state-00001.npz").unlink()
+    with pytest.raises(ValueError, match=r"state\.pkl.*allow_pickle=True"):
+        small_run(40, tmp_path)
+    with pytest.warns(UserWarning, match="a pickle can run any code"):
+        resumed = small_run(40, tmp_path, seed=99, allow_pickle=True)
+    assert torch.equal(resumed.get_samples()["x"], whole.get_samples()["x"])
+    assert_states_equal(resumed.kernel.last_state.state, whole_kernel.last_state.state)
+    assert not (tmp_path / "state.pkl").exists()
+    assert checkpoint.load(tmp_path).posterior["x"].shape == (1, 40, 2)  # the current format: no opt-in
+
+
+def test_a_damaged_checkpoint_gives_a_clear_error(tmp_path):
+    """Swapped chunks, a flipped bit, an empty state file: each named, with the file, not a bare error."""
+    pristine = tmp_path / "pristine"
+    small_run(30, pristine)
+
+    def damaged(name, damage):
+        directory = tmp_path / name
+        shutil.copytree(pristine, directory)
+        damage(directory)
+        return directory
+
+    def swap(directory):
+        a, b = directory / "draws-00001.npz", directory / "draws-00002.npz"
+        a_content = a.read_bytes()
+        a.write_bytes(b.read_bytes())
+        b.write_bytes(a_content)
+
+    def flip(directory):
+        content = bytearray((directory / "draws-00000.npz").read_bytes())
+        content[-40] ^= 0x10
+        (directory / "draws-00000.npz").write_bytes(bytes(content))
+
+    with pytest.raises(ValueError, match=r"draws-00001\.npz', chunk 1 \(10 draws\) in the manifest, holds the "
+                                         r"contents of draws-00002\.npz \(chunk 2\): files were swapped"):  # fmt: skip
+        checkpoint.load(damaged("swap", swap))
+    with pytest.raises(ValueError, match=r"draws-00000\.npz', chunk 0 .* does not match its SHA-256 checksum"):
+        small_run(40, damaged("flip", flip))
+    empty = damaged("empty", lambda directory: (directory / "state-00002.npz").write_bytes(b""))
+    with pytest.raises(ValueError, match=r"state-00002\.npz', the chain's state in the manifest, has 0 bytes"):
+        small_run(40, empty)
+
+
+def test_resuming_with_other_data_is_refused(logistic_data, tmp_path, monkeypatch):
+    """Other data are refused unless ``check_data=False``; arrays above the size limit are fingerprinted by a
+    strided sample (here every array, every 4th value of ``y``)."""
+    monkeypatch.setattr(checkpoint, "_FULL_HASH_BYTES", 0)
+    monkeypatch.setattr(checkpoint, "_SAMPLE_SIZE", 50)
+    X, y = logistic_data
+
+    def checkpointed(data, num_samples, **options):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(SGLD(logistic_model, step_size=1e-3), warmup_steps=5, num_samples=num_samples,
+                    disable_progbar=True)  # fmt: skip
+        checkpoint.run(mcmc, *data, checkpoint=tmp_path, checkpoint_every=10, **options)
+        return mcmc
+
+    checkpointed((X, y), 10)
+    other_y = y.clone()
+    other_y[8] = 1 - other_y[8]
+    with pytest.raises(ValueError, match="argument 1 has other values.*check_data=False"):
+        checkpointed((X, other_y), 20)
+    with pytest.raises(ValueError, match=r"argument 1 has shape \(200,\) and dtype float64 here, \(200,\) and float32"):
+        checkpointed((X, y.double()), 20)
+    assert checkpointed((X, other_y), 20, check_data=False).get_samples()["w"].shape == (20, 2)

@@ -408,3 +408,235 @@ def _numpyro_mean_model():
             numpyro.sample("y", ndist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
 
     return model
+
+
+# --- every input NUTS takes works or is refused clearly (issue 31) -------------------------------------------------
+_Y = torch.linspace(0.0, 2.0, 100)  # mean 1
+
+
+def _mean(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", y.shape[0], subsample_size=20):
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+
+def _run(kernel, *args, warmup_steps=20, num_samples=50, **kwargs):
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(kernel, warmup_steps=warmup_steps, num_samples=num_samples, disable_progbar=True, **kwargs)
+    mcmc.run(*args)
+    return mcmc
+
+
+def test_model_without_a_latent_site_is_refused():
+    """It failed computing the first gradient: 'element 0 of tensors does not require grad'."""
+
+    def model(y):
+        with pyro.plate("data", y.shape[0], subsample_size=20):
+            pyro.sample("y", dist.Normal(0.0, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+    with pytest.raises(ValueError, match=r"SGLD: the model has no latent sample site .* Declare at least one"):
+        _run(SGLD(model, step_size=1e-3), _Y)
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"nu": torch.tensor(0.0)}, r"`initial_params` lacks the latent site\(s\) 'mu' and names 'nu', which is not"),
+        ({"mu": torch.tensor(float("nan"))}, r"`initial_params` holds NaN or inf at the site\(s\) 'mu'"),
+    ],
+)
+def test_bad_initial_params_name_the_site(params, message):
+    """A NaN start failed in the full-data check with a validation error about the prior's support."""
+    with pytest.raises(ValueError, match=message):
+        _run(SGLD(_mean, step_size=1e-3), _Y, initial_params=params)
+
+
+def test_initial_params_are_where_the_model_is_first_traced():
+    """A model undefined at the init strategy's draw (``log(mu)`` of a negative ``mu``) failed in the kernel's first
+    trace of the model although `initial_params` gave a valid start."""
+
+    def model(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        pyro.factor("log_mu", torch.log(mu))
+        with pyro.plate("data", y.shape[0], subsample_size=20):
+            pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+    for seed in range(4):  # the strategy's draw is negative for about half of the seeds
+        pyro.set_rng_seed(seed)
+        mcmc = MCMC(SGLD(model, step_size=1e-3), warmup_steps=5, num_samples=5, disable_progbar=True,
+                    initial_params={"mu": torch.tensor(1.0)})  # fmt: skip
+        mcmc.run(_Y)
+        assert torch.all(mcmc.get_samples()["mu"] > 0)
+
+
+@pytest.mark.parametrize("initial_params", [None, {"mu": torch.tensor(0.5)}])
+def test_improper_uniform_prior_runs(initial_params):
+    """Pyro's init strategies draw from the prior, which an ImproperUniform cannot: NotImplementedError."""
+
+    def model(y):
+        mu = pyro.sample("mu", dist.ImproperUniform(dist.constraints.real, (), ()))
+        with pyro.plate("data", y.shape[0], subsample_size=20):
+            pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+    kwargs = {} if initial_params is None else dict(initial_params=initial_params)
+    mu = _run(SGLD(model), _Y, warmup_steps=300, num_samples=300, **kwargs).get_samples()["mu"]
+    assert abs(float(mu.mean()) - 1.0) < 0.3
+
+
+def _labels(y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", y.shape[0], subsample_size=20):
+        pyro.sample("y", dist.Bernoulli(logits=w), obs=pyro.subsample(y, event_dim=0))
+
+
+def test_observations_outside_the_support_name_the_site_and_rows():
+    """Labels ±1 for a Bernoulli failed in the full-data check with Pyro's validation message and a hint about
+    shapes."""
+    y = torch.where(torch.arange(100) % 2 == 0, 1.0, -1.0)
+    with pytest.raises(ValueError, match=r"observed site 'y' has values outside the support Boolean\(\) of its "
+                                         r"Bernoulli distribution at rows \[1, 3, 5, 7, 9, \.\.\.\] of plate 'data' "
+                                         r"\(50 of 100 rows; e.g. -1\)"):  # fmt: skip
+        _run(SGLD(_labels, step_size=1e-3), y)
+
+
+def test_num_samples_zero_is_refused_before_the_warm_up():
+    """Pyro ran the whole warm-up and then failed: 'stack expects a non-empty TensorList' (NUTS too)."""
+    with pytest.raises(ValueError, match=r"SGLD: MCMC\(num_samples=0\): .* Pass num_samples >= 1"):
+        _run(SGLD(_mean, step_size=1e-3), _Y, warmup_steps=10**6, num_samples=0)
+
+
+def test_resuming_another_algorithms_chain_is_refused():
+    """An SGLD chain continued by SGNHT failed with 'not enough values to unpack'."""
+    first = SGLD(_mean, step_size=1e-3)
+    _run(first, _Y)
+    second = SGNHT(_mean, step_size=1e-3)
+    second.resume_from = first.last_state
+    with pytest.raises(TypeError, match=r"SGNHT: `resume_from` holds the state of another algorithm's chain .* "
+                                        r"`kernel.initial_params = state.state.z`"):  # fmt: skip
+        _run(second, _Y, warmup_steps=0)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "init_to_median", "init_to_sample", "init_to_feasible", "init_to_mean", "init_to_uniform", "init_to_value",
+    ],
+)
+def test_init_strategies_run(strategy):
+    from pyro.infer.autoguide import initialization
+
+    init = getattr(initialization, strategy)
+    init = init(values={"mu": torch.tensor(1.0)}) if strategy == "init_to_value" else init
+    mu = _run(SGLD(_mean, init_strategy=init), _Y, warmup_steps=300).get_samples()["mu"]
+    assert torch.isfinite(mu).all()
+
+
+def _latent(prior, statistic):
+    def model(y):
+        x = pyro.sample("x", prior)
+        if isinstance(prior, dist.ImproperUniform):
+            pyro.factor("prior", -0.5 * (x**2).sum())
+        with pyro.plate("data", y.shape[0], subsample_size=20):
+            pyro.sample("y", dist.Normal(statistic(x), 1.0), obs=pyro.subsample(y, event_dim=0))
+
+    return model
+
+
+@pytest.mark.parametrize(
+    "prior, statistic",
+    [
+        (dist.Dirichlet(torch.ones(3)), lambda p: p @ torch.arange(3.0)),
+        (dist.LogNormal(0.0, 1.0).expand([2]).to_event(1), lambda s: s[0]),
+        (dist.ImproperUniform(dist.constraints.ordered_vector, (), (3,)), lambda c: c[1]),
+        (dist.LKJCholesky(3, 2.0), lambda L: L[1, 0]),
+        (dist.VonMises(torch.tensor(0.0), torch.tensor(1.0)), torch.cos),
+    ],
+    ids=["simplex", "positive", "ordered", "corr cholesky", "circular"],
+)
+def test_constrained_supports_run(prior, statistic):
+    model = _latent(prior, statistic)
+    for kernel in (SGLD(model, step_size=1e-3), SGNHT(model)):
+        x = _run(kernel, _Y, warmup_steps=300).get_samples()["x"]
+        assert torch.isfinite(x).all() and bool(prior.support.check(x).all())
+
+
+@pytest.mark.parametrize(
+    "prior",
+    [
+        dist.ImproperUniform(dist.constraints.lower_cholesky, (), (2, 2)),
+        dist.Wishart(torch.tensor(4.0), scale_tril=torch.eye(2)),
+        dist.ProjectedNormal(torch.ones(3)),
+    ],
+    ids=["lower cholesky", "positive definite", "sphere"],
+)
+def test_a_support_without_a_bijection_is_refused(prior):
+    """Pyro's `biject_to` has no bijection for these supports (NUTS refuses them too): 'Cannot transform
+    _LowerCholesky constraints', naming no site."""
+    with pytest.raises(NotImplementedError, match=r"latent site 'x' \(\w+\) has the support .* Reparametrise it"):
+        _run(SGLD(_latent(prior, lambda x: x.reshape(-1)[0]), step_size=1e-3), _Y)
+
+
+def test_same_input_messages_as_numpyro():
+    """The new model and input checks share their messages (``ppl_sgmcmc._model_checks``), up to the PPL's name and
+    the driver's argument name."""
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as ndist
+    from numpyro.infer import MCMC as NumPyroMCMC
+
+    from ppl_sgmcmc import numpyro as np_backend
+
+    def numpyro_labels(y):
+        w = numpyro.sample("w", ndist.Normal(0.0, 1.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=20):
+            numpyro.sample("y", ndist.Bernoulli(logits=w), obs=numpyro.subsample(y, event_dim=0))
+
+    def numpyro_none(y):
+        with numpyro.plate("data", y.shape[0], subsample_size=20):
+            numpyro.sample("y", ndist.Normal(0.0, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+    def pyro_none(y):
+        with pyro.plate("data", y.shape[0], subsample_size=20):
+            pyro.sample("y", dist.Normal(0.0, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+    labels = torch.where(torch.arange(100) % 3 == 0, -1.0, 1.0)
+    cases = [  # (pyro model, numpyro model, data, initial values)
+        (_labels, numpyro_labels, labels, None),
+        (pyro_none, numpyro_none, _Y, None),
+        (_labels, numpyro_labels, (labels + 1) / 2, {"v": 0.0}),
+        (_labels, numpyro_labels, (labels + 1) / 2, {"w": float("inf")}),
+    ]
+    for pyro_model, numpyro_model, data, initial in cases:
+        with pytest.raises(ValueError) as pyro_error:
+            initial_params = None if initial is None else {k: torch.tensor(v) for k, v in initial.items()}
+            _run(SGLD(pyro_model, step_size=1e-3), data, initial_params=initial_params)
+        with pytest.raises(ValueError) as numpyro_error:
+            init_params = None if initial is None else {k: jnp.array(v) for k, v in initial.items()}
+            NumPyroMCMC(np_backend.SGLD(numpyro_model, step_size=1e-3), num_warmup=1, num_samples=1,
+                        progress_bar=False).run(jax.random.PRNGKey(0), jnp.asarray(data.numpy()),
+                                                init_params=init_params)  # fmt: skip
+        expected = str(numpyro_error.value).replace("numpyro.", "pyro.").replace("`init_params`", "`initial_params`")
+        assert str(pyro_error.value) == expected
+
+
+def test_tuned_step_size_goes_back_with_its_preconditioner(logistic_data):
+    """The recorded step size is one in the adapted preconditioner's coordinates: a new kernel takes it with the
+    preconditioner (`tuned_options`) and continues the tuned chain as the tuned kernel does, draw for draw; a fresh
+    chain of it samples the posterior with no warm-up to adapt."""
+    tuned = SGLD(logistic_model)
+    _run(tuned, *logistic_data, warmup_steps=300, num_samples=20)
+    state = tuned.last_state
+    options = tuned.tuned_options(state)
+    assert options["step_size"] == pytest.approx(tuned.diagnostics()["step_size"][-1])
+    again = SGLD(logistic_model, **options)
+    assert not again.adapts
+    draws = []
+    for kernel in (tuned, again):
+        kernel.resume_from = state
+        draws.append(_run(kernel, *logistic_data, warmup_steps=0, num_samples=30).get_samples()["w"])
+    torch.testing.assert_close(draws[0], draws[1])
+    fresh = _run(SGLD(logistic_model, **options), *logistic_data, warmup_steps=100, num_samples=300,
+                 initial_params=dict(state.state.z)).get_samples()["w"]  # fmt: skip
+    reference = _run(SGLD(logistic_model), *logistic_data, warmup_steps=300, num_samples=300).get_samples()["w"]
+    torch.testing.assert_close(fresh.mean(0), reference.mean(0), atol=0.3, rtol=0)

@@ -220,3 +220,44 @@ def test_chunked_log_likelihood_peaks_at_the_result_size():
     result_bytes, peak_growth = map(int, out.stdout.split())
     assert result_bytes == 200 * 125_000 * 4
     assert peak_growth < 1.5 * result_bytes
+
+
+def _masked_data():
+    """Half the rows masked out, and holding junk: their log-likelihood must not count."""
+    rng = np.random.default_rng(3)
+    y = rng.normal(1.0, 1.0, size=60)
+    keep = np.arange(60) % 2 == 0
+    return np.where(keep, y, 50.0), keep
+
+
+def test_pointwise_log_likelihood_respects_poutine_mask_as_numpyro_does():
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as ndist
+    from numpyro.infer.util import log_likelihood
+
+    from ppl_sgmcmc.pyro import SGLD
+
+    y, keep = _masked_data()
+
+    def pyro_model(y, keep):
+        mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        with pyro.plate("data", y.shape[0], subsample_size=10):
+            yb, kb = pyro.subsample(y, event_dim=0), pyro.subsample(keep, event_dim=0)
+            with pyro.poutine.mask(mask=kb):
+                pyro.sample("y", dist.Normal(mu, 1.0), obs=yb)
+
+    def numpyro_model(y, keep):
+        mu = numpyro.sample("mu", ndist.Normal(0.0, 10.0))
+        with numpyro.plate("data", y.shape[0]), numpyro.handlers.mask(mask=keep):
+            numpyro.sample("y", ndist.Normal(mu, 1.0), obs=y)
+
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(pyro_model, step_size=1e-3), warmup_steps=20, num_samples=30, disable_progbar=True)
+    mcmc.run(torch.tensor(y, dtype=torch.float32), torch.tensor(keep))
+    pointwise = to_inference_data(mcmc).log_likelihood["y"].values[0]
+    mu = mcmc.get_samples()["mu"].numpy()
+    expected = log_likelihood(numpyro_model, {"mu": jnp.asarray(mu)}, jnp.asarray(y, jnp.float32), jnp.asarray(keep))
+    np.testing.assert_allclose(pointwise, np.asarray(expected["y"]), rtol=1e-5, atol=1e-5)
+    assert np.all(pointwise[:, ~keep] == 0) and np.all(pointwise[:, keep] < 0)
+    np.testing.assert_allclose(full_data_log_likelihood(mcmc, chunk_size=7)["y"][0], pointwise, rtol=1e-6)
