@@ -107,10 +107,12 @@ class MCMC(numpyro.infer.MCMC):
 
     def _judged(self, kernel: SGMCMCKernel, phase: str | None) -> bool:
         """Whether the run's draws get the end-of-run verdict: asked for, a sampler's draws of a latent dict (not
-        an optimiser's, nor a custom ``postprocess_fn``'s), enough of them, not the warm-up's."""
+        an optimiser's, nor a custom ``postprocess_fn``'s) holding every latent site (``extra_fields=("~z.a",)``
+        leaves one out), enough of them, not the warm-up's."""
         draws = self.num_samples // self.thinning
         return (self.verdict and kernel.samples_posterior and phase != "warmup" and self.postprocess_fn is None
-                and isinstance(self.last_state.z, Mapping) and draws >= _verdict.MIN_DRAWS)  # fmt: skip
+                and isinstance(self.last_state.z, Mapping) and draws >= _verdict.MIN_DRAWS
+                and set(self.get_samples()) >= set(self.last_state.z))  # fmt: skip
 
     def _steps(self) -> tuple[int, int]:
         """``(the step count at the run's start, the draws the run makes)``: NumPyro's collection range for a run

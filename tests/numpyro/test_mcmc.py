@@ -183,3 +183,14 @@ def test_a_finished_run_is_not_kept(logistic_data, bar):
     for _ in range(2):  # JAX's caches drop the loop's entries in weakref callbacks of the first collection
         gc.collect()
     assert [run() for run in runs] == [None] * len(runs)
+
+
+def test_a_run_that_leaves_a_latent_out_of_its_draws_is_not_judged(logistic_data):
+    """``extra_fields=("~z.scale",)`` (NumPyro's way to leave a site out of the draws) runs: the verdict, which needs
+    every latent site, is skipped rather than raising after the run."""
+    mcmc = MCMC(SGLD(logistic_model, step_size=1e-3), num_warmup=10, num_samples=100, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), *logistic_data, extra_fields=("~z.scale",))
+    assert "scale" not in mcmc.get_samples() and "w" in mcmc.get_samples()
+    assert mcmc.last_verdict is None
+    mcmc.run(jax.random.PRNGKey(0), *logistic_data)
+    assert mcmc.last_verdict is not None
