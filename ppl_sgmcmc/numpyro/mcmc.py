@@ -210,12 +210,10 @@ def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thi
         def body(i: Any, carry: tuple) -> tuple:
             val, collection = carry
             val = sample_fn(val)
-            idx = (i - start) // thinning
-
-            def store(rows: Any, new: Any) -> Any:
-                return lax.cond(idx >= 0, lambda rows: rows.at[idx].set(new), lambda rows: rows, rows)
-
-            return val, jax.tree.map(store, collection, transform(val))
+            # before the collection starts the row index is out of range and the write is dropped: a select, no
+            # branch in the per-step loop
+            idx = jnp.where(i >= start, (i - start) // thinning, size)
+            return val, jax.tree.map(lambda rows, new: rows.at[idx].set(new, mode="drop"), collection, transform(val))
 
         last_val, collection = lax.fori_loop(0, upper, body, (init_val, collection))
         return collection, last_val
