@@ -205,7 +205,8 @@ CLOCK = None
 
 # The XLA computation that runs MCMC's sampling loop: the whole loop (progress_bar=False) or, with a
 # progress bar and one chain, the one step numpyro's Python loop calls.
-LOOP_FUNCTIONS = ("jit(_fori_collect_loop)", "jit(_body_fn)")
+#: The compiled sampling loops: NumPyro's, and ``ppl_sgmcmc.numpyro.MCMC``'s own collection loop.
+LOOP_FUNCTIONS = ("jit(_fori_collect_loop)", "jit(_body_fn)", "jit(_collect_draws)")
 
 
 def time_mcmc(make_kernel, X, y, num_samples, seed=0, mcmc_class=MCMC, **mcmc_kwargs):

@@ -324,6 +324,46 @@ def local_latent(site: str, plate: str, kernel: str, ppl: str) -> NotImplemented
         "latents only. Marginalise the local latent out of the likelihood, move it outside the plate, or make it a "
         f"local Gibbs site: `gibbs_sites=[{site!r}], gibbs_fn=...` redraws it from its conditional for each "
         f"minibatch (see ppl_sgmcmc.{ppl}.gibbs)."
+        + (
+            " A `PyroModule`'s `PyroSample` weight is sampled where it is first read: read the weights before the "
+            "plate (call the network, or read each weight, before `with pyro.plate(...)`)."
+            if ppl == "pyro"
+            else ""
+        )
+    )
+
+
+def fixed_parameter(site: str, kernel: str, ppl: str) -> ModelError:
+    """The error for a ``param`` site (a learnable parameter, not a latent) in a model under a kernel."""
+    if ppl == "pyro":
+        fix = (
+            "give it a prior: declare it with `pyro.sample`, or, for a `PyroModule`'s parameter, assign a "
+            "`PyroSample` (`module.weight = PyroSample(dist.Normal(0., 1.).expand([out, in]).to_event(2))`; "
+            "`pyro.nn.module.to_pyro_module_` turns an `nn.Module` into a `PyroModule` whose parameters are still "
+            "`pyro.param`s)"
+        )
+    else:
+        fix = (
+            "give it a prior: declare it with `numpyro.sample`, or build the network with "
+            "`numpyro.contrib.module.random_flax_module` / `random_nnx_module` / `random_eqx_module` and a prior "
+            "for every parameter (a distribution, not a dict that leaves some out) instead of `flax_module` / "
+            "`nnx_module` / `eqx_module`"
+        )
+    return ModelError(
+        f"{kernel}: site {site!r} is a `{ppl}.param`, a parameter without a prior: SG-MCMC kernels move `{ppl}.sample` "
+        f"latents only, so it would stay at its initial value. To sample it, {fix}; to keep it fixed, pass it to the "
+        "model as an argument."
+    )
+
+
+def mutable_state(site: str, kernel: str) -> ModelError:
+    """The error for a ``numpyro.mutable`` site (batch-norm statistics, say) in a model under a kernel."""
+    return ModelError(
+        f"{kernel}: site {site!r} is a `numpyro.mutable` state (batch-norm statistics, say), which a potential "
+        "cannot carry: a step's gradient would see the minibatch's statistics, so the potential would not be a sum "
+        "over the data rows, and the state's updates would be lost. Use a network without mutable state: "
+        "`flax.linen.LayerNorm` (or `nnx.LayerNorm`, `equinox.nn.LayerNorm`) instead of batch norm, or no "
+        "normalisation layer, and no `mutable=` argument."
     )
 
 

@@ -75,6 +75,7 @@ __all__ = [
     "adapt_init",
     "adapt_step",
     "adaptation_schedule",
+    "align_noise",
     "ran_off",
     "from_covariance",
     "from_hessian",
@@ -446,7 +447,8 @@ FIND_MODE_B2 = 0.9
 HESSIAN_ROWS = 2**16
 #: The largest ``rows × d`` of a Hessian: fewer rows for many latents.
 HESSIAN_ENTRIES = 2**24
-#: The minibatch gradients of the noise probe.
+#: The minibatch gradients of the noise probe (more where a dense metric is aligned with the noise's axes:
+#: :func:`align_noise`).
 PROBE_BATCHES = 64
 #: With more latent coordinates than this, a diagonal preconditioner is built from an estimate of the Hessian's
 #: diagonal (the backends' ``hessian_diagonal``) rather than from the whole Hessian (``d`` products per minibatch).
@@ -648,6 +650,59 @@ def equalize_noise(pre: Preconditioner, variance: Array) -> tuple[Preconditioner
     factor = xp.where(noisy & (variance > limit), xp.sqrt(limit / xp.where(noisy, variance, xp.ones_like(variance))),
                       xp.ones_like(variance))  # fmt: skip
     return rescale(pre, factor), xp.multiply(variance, xp.multiply(factor, factor)), factor
+
+
+#: The noise's principal axes (:func:`align_noise`) are estimated from the start's probe only when it holds at
+#: least this many minibatch gradients per coordinate (a covariance from fewer is too rough to align by).
+ALIGN_PROBES_PER_COORDINATE = 2
+#: :func:`align_noise` breaks ties between equal noise variances with ``diag(1, 2, ..., d)`` times this fraction
+#: of the mean noise variance.
+ALIGN_TIE_BREAK = 1e-3
+
+
+def align_noise(pre: Preconditioner, gradients: Array) -> Preconditioner:
+    """The dense preconditioner ``L Q`` whose coordinates are the principal axes of the gradient noise:
+    ``V̂ = Q diag(λ) Qᵀ`` is the sample covariance of minibatch gradients at one point (the rows of
+    ``gradients``, in the coordinates ``u`` of ``pre``).
+
+    ``u' = Qᵀ u`` keeps the metric (``(L Q)(L Q)ᵀ = L Lᵀ = Σ``), so the posterior keeps its unit scale in ``u'``,
+    and the noise's covariance there is diagonal, ``Qᵀ V̂ Q = diag(λ)``. A rule that absorbs the gradient noise
+    coordinate by coordinate, the multivariate thermostat of mSGNHT (Li, Chen, Fan & Carin, "High-Order
+    Stochastic Gradient Thermostats for Bayesian Learning of Deep Models", AAAI 2016), then absorbs all of it:
+    its friction matches the noise's variances but not its covariances, and in coordinates where the noise is
+    correlated the unabsorbed part heats some directions and cools others. A hierarchical model's
+    hyperparameters, which no datum's score moves, are mixed by a dense metric with the noisy group effects,
+    and come out too narrow.
+
+    Equal noise variances (directions without noise, such as those hyperparameters) leave the axes undecided,
+    and rounding would decide them: a tie-break ``diag(1, ..., d)`` times :data:`ALIGN_TIE_BREAK` of the mean
+    variance is added to ``V̂`` first, so that the axes are a continuous function of the gradients.
+
+    :param pre: a dense :class:`Preconditioner`.
+    :param gradients: ``(m, d)`` minibatch gradients at one point, in ``u``.
+
+    **Example** (noise along ``(1, 1)/√2`` only: the axes turn by 45°, and the metric is unchanged)::
+
+        >>> import jax, jax.numpy as jnp
+        >>> from ppl_sgmcmc.adaptation import align_noise, identity
+        >>> g = jax.random.normal(jax.random.key(0), (64, 1)) * jnp.array([[1.0, 1.0]])
+        >>> pre = align_noise(identity(2, dense=True, like=jnp.zeros(2)), g)
+        >>> [[round(abs(v), 3) for v in row] for row in pre.scale.tolist()]
+        [[0.707, 0.707], [0.707, 0.707]]
+        >>> [[round(abs(v), 3) for v in row] for row in (pre.scale @ pre.scale.T).tolist()]
+        [[1.0, 0.0], [0.0, 1.0]]
+    """
+    xp = array_namespace(gradients, pre.scale)
+    if pre.scale.ndim != 2:
+        raise ValueError("align_noise: the noise's axes need a dense preconditioner.")
+    m, d = gradients.shape
+    centred = gradients - xp.mean(gradients, axis=0)[None, :]
+    covariance = xp.matmul(centred.T, centred) / max(m - 1, 1)
+    level = xp.sum(xp.linalg.diagonal(covariance)) / d
+    ranks = xp.arange(1, d + 1, dtype=covariance.dtype, device=device(covariance))
+    tie_break = xp.eye(d, dtype=covariance.dtype, device=device(covariance)) * ranks[None, :] * (ALIGN_TIE_BREAK * level)
+    _, Q = xp.linalg.eigh(covariance + tie_break)
+    return Preconditioner(xp.matmul(pre.scale, Q), xp.matmul(Q.T, pre.inverse))
 
 
 # --- the step size -----------------------------------------------------------------------------------------

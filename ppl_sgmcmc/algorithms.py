@@ -23,23 +23,43 @@ import math
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from types import ModuleType
-from typing import Any, ClassVar, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, cast
 
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from ppl_sgmcmc import _checks, adaptation, gradients, noise
+from ppl_sgmcmc import _checks, adaptation, gradients, noise, schedules
+from ppl_sgmcmc.rules import StochasticGradient, has_momentum, refresh_momentum
 from ppl_sgmcmc.rules import csgld as csgld_rule
-from ppl_sgmcmc.rules import has_momentum, refresh_momentum
 from ppl_sgmcmc.rules import psgld as psgld_rule
 from ppl_sgmcmc.rules import recipe as recipe_rule
+from ppl_sgmcmc.rules import replica as replica_rule
 from ppl_sgmcmc.rules import santa as santa_rule
 from ppl_sgmcmc.rules import sgfs as sgfs_rule
 from ppl_sgmcmc.rules import sghmc as sghmc_rule
 from ppl_sgmcmc.rules import sgld as sgld_rule
 from ppl_sgmcmc.rules import sgnht as sgnht_rule
 from ppl_sgmcmc.rules import sgrld as sgrld_rule
+from ppl_sgmcmc.rules._types import (
+    Array,
+    ChainState,
+    Flag,
+    GradFn,
+    RuleModule,
+    RuleStateT,
+    Scalar,
+    Schedule,
+    StepIndex,
+    Target,
+)
+
+if TYPE_CHECKING:
+    from ppl_sgmcmc.health import HealthState
+    from ppl_sgmcmc.noise import NoiseState
+
+#: The adaptation state a chain carries: :class:`~ppl_sgmcmc.adaptation.AdaptState`, or
+#: :class:`~ppl_sgmcmc.adaptation.NoAdaptation` when its warm-up adapts nothing.
+AdaptationState = adaptation.AdaptState | adaptation.NoAdaptation
 
 __all__ = [
     "CSGHMC",
@@ -48,7 +68,10 @@ __all__ = [
     "INTEGRATORS",
     "MAX_DENSE_DIM",
     "PSGLD",
+    "ReSGHMC",
+    "ReSGLD",
     "Recipe",
+    "ReplicaFields",
     "SGFS",
     "SGHMC",
     "SGLD",
@@ -57,6 +80,8 @@ __all__ = [
     "Santa",
     "Algorithm",
     "ContourFields",
+    "Cycles",
+    "EXPLORATION_FRACTION",
     "GibbsOptions",
 ]
 
@@ -93,6 +118,92 @@ class GibbsOptions(NamedTuple):
     init: Callable[..., Any] | None
 
 
+#: The default fraction ``β`` of a cycle that explores (:class:`Cycles`).
+EXPLORATION_FRACTION = 0.5
+
+
+class Cycles(NamedTuple):
+    """The cycles of cyclical SG-MCMC (Zhang, Li, Zhang, Chen & Wilson, "Cyclical Stochastic Gradient MCMC for
+    Bayesian Deep Learning", ICLR 2020), a kernel's ``cycle_length`` and ``exploration_fraction``, in draws.
+
+    After a warm-up of ``W`` steps, the steps run in cycles of ``L k`` steps (``L = length`` draws of ``k =
+    steps_per_sample`` steps). At step ``i >= W``, with ``r = mod(i - W, L k) / (L k)`` the position in its cycle
+    and ``h`` the tuned step size (or the given one), the step size is the cosine cycle's::
+
+        h_i = h (cos(π r) + 1) / 2
+
+    so ``h`` is the cycle's peak. The first ``exploration`` draws of a cycle (``β L`` rounded, ``r < exploration /
+    L``) are its **exploration stage**: the rule runs without injected noise (``ζ = 0``: SGLD is then gradient
+    descent, SGHMC gradient descent with momentum, as in the paper's Algorithm 1), moving fast to a mode; the rest
+    is its **sampling stage**, the sampler's own step, whose draws are the posterior draws. The warm-up runs the
+    sampler with its tuned step size, before the first cycle. Each draw lies in one stage.
+
+    - **length**: the draws per cycle, ``L``.
+    - **exploration**: the exploring draws at the start of each cycle, ``0 <= exploration < length``.
+
+    **Example** (cycles of 10 draws of 2 steps after a warm-up of 4 steps, 3 draws exploring)::
+
+        >>> from ppl_sgmcmc.algorithms import Cycles
+        >>> cycles = Cycles.of(10, 0.3, 0.1, True, "SGLD")
+        >>> cycles
+        Cycles(length=10, exploration=3)
+        >>> [cycles.sampling(i, 4, 2) for i in (3, 4, 9, 10, 23, 24)]
+        [True, False, False, True, True, False]
+        >>> [round(cycles.factor(i, 4, 2), 3) for i in (3, 4, 14, 23)]
+        [1.0, 1.0, 0.5, 0.006]
+    """
+
+    length: int
+    exploration: int
+
+    @classmethod
+    def of(cls, length: int | None, fraction: float | None, step_size: object, samples_posterior: bool,
+           kernel: str) -> Cycles | None:  # fmt: skip
+        """A kernel's cycles from its ``cycle_length`` and ``exploration_fraction`` (checked; ``None`` without a
+        ``cycle_length``)."""
+        if length is None:
+            if fraction is not None:
+                raise ValueError(f"{kernel}: `exploration_fraction` is the fraction of each cycle that explores; give "
+                                 "`cycle_length` (the draws per cycle) too, or leave it unset.")  # fmt: skip
+            return None
+        if not samples_posterior:
+            raise ValueError(f"{kernel}: `cycle_length` alternates exploration and sampling stages, but {kernel} is an "
+                             "optimiser (its draws anneal to a mode), which has no sampling stage.")  # fmt: skip
+        if callable(step_size):
+            raise ValueError(
+                f"{kernel}: `cycle_length` sets the step size along each cycle (the cosine cycle from its peak); give "
+                "the peak as a number, or step_size=None to use the tuned step size as the peak, not a schedule."
+            )
+        length = _checks.positive_int("cycle_length", length, kernel)
+        fraction = EXPLORATION_FRACTION if fraction is None else fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+            raise ValueError(f"{kernel}: `exploration_fraction` must be a number in [0, 1), got {fraction!r}.")
+        exploration = round(fraction * length)
+        if exploration >= length:
+            raise ValueError(
+                f"{kernel}: exploration_fraction={fraction} of cycle_length={length} draws leaves no sampling draw in a "
+                f"cycle; lengthen the cycle or lower the fraction."
+            )
+        return cls(length, exploration)
+
+    def sampling(self, i: StepIndex | np.ndarray, warmup_steps: int, steps_per_sample: int) -> Flag | np.ndarray:
+        """Whether step ``i`` (0-based, warm-up included; an int or an integer array) runs with noise: a warm-up or
+        sampling-stage step. A bool for an int, a boolean array for an array."""
+        steps = self.length * steps_per_sample
+        return (i < warmup_steps) | ((i - warmup_steps) % steps >= self.exploration * steps_per_sample)
+
+    def factor(self, i: StepIndex, warmup_steps: int, steps_per_sample: int) -> Scalar:
+        """Step ``i``'s step size over the peak: ``(cos(π r) + 1)/2``
+        (:func:`ppl_sgmcmc.schedules.cosine_cycle`), 1 in the warm-up."""
+        steps = self.length * steps_per_sample
+        if isinstance(i, int):
+            return 1.0 if i < warmup_steps else schedules.cosine_cycle(((i - warmup_steps) % steps) / steps)
+        xp = array_namespace(i)
+        r = ((i - warmup_steps) % steps) / steps
+        factor: Array = xp.where(i < warmup_steps, 1.0, schedules.cosine_cycle(r, xp))
+        return factor
+
+
 @functools.cache
 def _parameters(fn: Callable[..., Any]) -> frozenset[str] | None:
     """The keyword names ``fn`` accepts (``None``: any, it takes ``**kwargs``)."""
@@ -118,8 +229,9 @@ def call_kwargs(fn: Callable[..., Any], options: Mapping[str, Any]) -> dict[str,
 
 
 def _given_preconditioner(
-    value: Any, step_size: Any, adapt_mass_matrix: Any, dense_mass: Any, can_adapt: bool, reason: str, kernel: str
-) -> adaptation.Preconditioner | None:
+    value: object, step_size: object, adapt_mass_matrix: bool | None, dense_mass: bool | None, can_adapt: bool,
+    reason: str, kernel: str,
+) -> adaptation.Preconditioner | None:  # fmt: skip
     """The fixed preconditioner of ``inverse_mass_matrix`` (NumPy float64 arrays), or ``None``: a
     :class:`~ppl_sgmcmc.adaptation.Preconditioner` (a run's ``adapt_state.preconditioner``, of one chain), or ``Σ``,
     a vector of positive variances or a symmetric positive-definite matrix."""
@@ -167,7 +279,7 @@ def _given_preconditioner(
     return adaptation.from_covariance(cov)
 
 
-class Algorithm:
+class Algorithm(Generic[RuleStateT]):
     """What every algorithm shares: the sampler's common arguments, checked, and the hooks through
     which the backends' base classes run it.
 
@@ -221,22 +333,53 @@ class Algorithm:
         ``ppl_sgmcmc.gradients.control_variates(centre=...)`` or ``svrg(epoch_length=...)``. The variance-reduced
         estimators need a model with subsampled plates and cost two minibatch gradients per step and a
         full-data gradient per centre; the noise they remove lets the tuned step size grow.
+    :param cycle_length: run in the cycles of cyclical SG-MCMC (Zhang, Li, Zhang, Chen & Wilson, "Cyclical
+        Stochastic Gradient MCMC for Bayesian Deep Learning", ICLR 2020) after the warm-up, each of
+        ``cycle_length`` draws (of ``steps_per_sample`` steps); ``None`` (default): no cycles. See :class:`Cycles`
+        for the step size and the stages; only the sampling stages' draws are posterior draws. The kernel records
+        each draw's step count ``i`` (``sample_stats``), which tells its stage (:meth:`sampling_stage`):
+        ``ppl_sgmcmc.numpyro.MCMC`` and both backends' ``to_inference_data`` keep only the sampling stages' draws;
+        a ``numpyro.infer.MCMC`` or ``pyro.infer.MCMC`` run, whose draws include the exploration stages', warns so.
+    :param exploration_fraction: ``β ∈ [0, 1)``, the fraction of each cycle that explores (no injected noise),
+        rounded to whole draws (default 0.5); only with ``cycle_length``.
 
     A subclass names its ``rule`` and validates its own arguments into ``self._options`` (the rule's
     keyword arguments); ``schedulable`` lists the options that may be schedules of the step index.
+
+    **Hooks.** The class is generic in its rule's state (``RuleStateT``: ``class PSGLD(Algorithm[PSGLDState])``),
+    so that the hooks a subclass overrides receive its rule's ``NamedTuple``; arrays are
+    :data:`~ppl_sgmcmc.rules._types.Array` (a ``jax.Array`` or a ``torch.Tensor``), step counts
+    :data:`~ppl_sgmcmc.rules._types.StepIndex`. The hooks, by concern, each documented where it is defined (the
+    developer guide's "Adding an algorithm" says which a new algorithm must and may define):
+
+    - *the rule*: ``rule``, ``hyperparameters``, ``schedulable``, ``temperature_at``, ``noise_shape``;
+    - *the warm-up*: ``noise_scale``, ``_step_cap``, ``_warm_start``, ``_rescale_rule_state``,
+      ``_place_rule_state``, ``_restart_rule_state``, ``_absorbs_noise_per_coordinate``, ``_set_warmup``,
+      ``_measure_noise``, ``_adapt``, and the class attributes ``can_adapt_mass``, ``rescales_mass``,
+      ``default_noise_ratio``, ``max_step_size``;
+    - *health*: ``_watched_state``, ``_changing_preconditioner``, ``_preconditioner_change``, ``noise_ratio_limit``;
+    - *checks on the model*: ``_check_target``, ``_check_dimension``, ``_check_scores``, ``constrained``;
+    - *what is recorded and shown*: ``sample_stats_fields``, ``final_state_fields``, ``samples_posterior``,
+      ``progress``.
+
+    Each backend's base class defines ``step_size_at`` and ``_is_positive_support``, and calls the rest.
     """
 
-    rule: ModuleType  # the update rule, a module of ppl_sgmcmc.rules
+    rule: RuleModule  # the update rule, a module of ppl_sgmcmc.rules
     #: True: the chain moves the latents in their own support (no transforms; SGRLD).
     constrained: ClassVar[bool] = False
-    #: Rule-state fields recorded with every kept draw (ArviZ ``sample_stats``).
-    sample_stats_fields: ClassVar[tuple[str, ...]] = ()
+    #: State fields recorded with every kept draw (ArviZ ``sample_stats``): the rule state's (CSGLD's), and the step
+    #: count ``i`` of a cyclical kernel (which tells a draw's stage: :meth:`sampling_stage`).
+    sample_stats_fields: tuple[str, ...] = ()
     #: Rule-state fields reported once per chain, at its end.
     final_state_fields: ClassVar[tuple[str, ...]] = ()
     #: Options that may be a schedule ``t -> value`` of the step index.
     schedulable: ClassVar[tuple[str, ...]] = ("temperature",)
     #: The name of the MCMC driver's warm-up argument, for messages (set by the backends).
     warmup_arg: ClassVar[str] = "num_warmup"
+    #: Whether the warm-up's windows rescale an adapted preconditioner by the spread of the chain's draws (else it stays
+    #: the Laplace approximation at the start).
+    rescales_mass: ClassVar[bool] = True
     #: Whether the rule can run in coordinates preconditioned by an adapted mass matrix.
     can_adapt_mass: ClassVar[bool] = True
     can_adapt_mass_reason: ClassVar[str] = ""
@@ -258,8 +401,8 @@ class Algorithm:
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any] | None = None,
-        temperature: float | Callable[[Any], Any] = 1.0,
+        step_size: float | Schedule | None = None,
+        temperature: float | Schedule = 1.0,
         replace: bool = True,
         steps_per_sample: int = 1,
         init_strategy: Callable[..., Any] | None = None,
@@ -270,9 +413,11 @@ class Algorithm:
         find_mode: bool | int | None = None,
         adapt_mass_matrix: bool | None = None,
         dense_mass: bool | None = None,
-        inverse_mass_matrix: Any = None,
+        inverse_mass_matrix: adaptation.Preconditioner | Array | np.ndarray | None = None,
         target_noise_ratio: float | None = None,
         gradient: str | gradients.GradientEstimator = "minibatch",
+        cycle_length: int | None = None,
+        exploration_fraction: float | None = None,
     ) -> None:
         name = self.name
         if (model is None) == (potential_fn is None):
@@ -281,8 +426,8 @@ class Algorithm:
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name}: `{arg}` must be callable, got {type(fn).__name__}.")
         self._tune = step_size is None
-        self._step_size = None if self._tune else _checks.step_size(step_size, name)
-        self._temperature = _checks.schedule_or(_checks.positive, "temperature", temperature, name)
+        self._step_size: float | Schedule | None = None if self._tune else _checks.step_size(step_size, name)
+        self._temperature: float | Schedule = _checks.schedule_or(_checks.positive, "temperature", temperature, name)
         self._steps_per_sample = _checks.positive_int("steps_per_sample", steps_per_sample, name)
         gibbs = _checks.gibbs_options(
             gibbs_sites, gibbs_fn, gibbs_sweeps, name, has_model=model is not None, gibbs_init=gibbs_init
@@ -314,7 +459,7 @@ class Algorithm:
             )
         # a centre-based estimator's default centre is the chain's start: at an approximate mode
         wants_mode = self._tune or (self._estimator.needs_full_gradient and self._estimator.refresh_every is None)
-        self._find_mode_steps = _checks.find_mode(find_mode, wants_mode, FIND_MODE_STEPS, name)
+        self._find_mode_steps: int = _checks.find_mode(find_mode, wants_mode, FIND_MODE_STEPS, name)
         self._target_noise_ratio = (
             self.default_noise_ratio if target_noise_ratio is None
             else _checks.positive("target_noise_ratio", target_noise_ratio, name)
@@ -324,9 +469,15 @@ class Algorithm:
                 f"{name}: `target_noise_ratio` sets the tuned step size, but a `step_size` was given; leave "
                 "step_size=None to tune it."
             )
+        self._cycles = Cycles.of(cycle_length, exploration_fraction, step_size, self.samples_posterior, name)
+        if self._cycles is not None:  # the step count after each draw tells its stage
+            self.sample_stats_fields = (*self.sample_stats_fields, "i")
+        #: Set by a driver that keeps only the sampling stages' draws of a cyclical kernel (``ppl_sgmcmc.numpyro.MCMC``).
+        self._keeps_sampling_stage = False
         self._window_ends: list[tuple[int, int]] | None = None  # the adaptation windows, set from the warm-up
         self._num_warmup_steps = 0
-        self._kwargs_cache: dict[Any, tuple[dict[str, Any], tuple[str, ...], bool]] = {}  # see `_rule_kwargs`
+        # see `_rule_kwargs`
+        self._kwargs_cache: dict[Callable[..., Any], tuple[dict[str, Any], tuple[str, ...], bool]] = {}
         self._start_warning: str | None = None  # said when a new chain starts (see `_set_warmup`)
 
     @property
@@ -347,7 +498,7 @@ class Algorithm:
         """
         return {"temperature": self._temperature, **self._options}
 
-    def hyperparameters_at(self, i: Any) -> dict[str, Any]:
+    def hyperparameters_at(self, i: StepIndex) -> dict[str, Any]:
         """:meth:`hyperparameters` at step ``i``: each schedule evaluated at ``i``, and ``step_index = i``
         for rules that read it.
 
@@ -364,7 +515,7 @@ class Algorithm:
         hyper["step_index"] = i
         return hyper
 
-    def _rule_kwargs(self, fn: Callable[..., Any], i: Any) -> dict[str, Any]:
+    def _rule_kwargs(self, fn: Callable[..., Any], i: StepIndex) -> dict[str, Any]:
         """What :meth:`hyperparameters_at` gives ``fn`` (a rule's ``init`` or ``step``) at step ``i``: the
         arguments it declares are filtered once and cached (Pyro calls this every step, in Python); only
         the schedules and the step index are filled in per step. The cache is dropped whenever the
@@ -382,43 +533,43 @@ class Algorithm:
             kwargs["step_index"] = i
         return kwargs
 
-    def rule_init(self, position: Any, noise: Any, i: Any = 0) -> Any:
+    def rule_init(self, position: Array, noise: Array, i: StepIndex = 0) -> RuleStateT:
         """The rule's initial state at ``position``, with the arguments its ``init`` declares."""
-        return self.rule.init(position, noise, **self._rule_kwargs(self.rule.init, i))
+        return cast(RuleStateT, self.rule.init(position, noise, **self._rule_kwargs(self.rule.init, i)))
 
     def rule_step(
-        self, position: Any, state: Any, grad_fn: Callable[[Any], Any], noise: Any, step_size: Any, i: Any
-    ) -> tuple:
+        self, position: Array, state: RuleStateT, grad_fn: GradFn, noise: Array, step_size: Scalar, i: StepIndex
+    ) -> tuple[Array, RuleStateT, StochasticGradient]:
         """One move of the rule with step size ``step_size`` at step ``i``: ``(new position, new rule state,
         gradient)``."""
         hyper = self._rule_kwargs(self.rule.step, i)
         return self.rule.step(position, state, grad_fn, noise, step_size, **hyper)
 
     def _rule_step_recorded(
-        self, position: Any, state: Any, grad_fn: Callable[[Any], Any], noise: Any, step_size: Any, i: Any
-    ) -> tuple:
+        self, position: Array, state: RuleStateT, grad_fn: GradFn, noise: Array, step_size: Scalar, i: StepIndex
+    ) -> tuple[Array, RuleStateT, StochasticGradient, bool]:
         """:meth:`rule_step`, and whether the rule took its gradient at ``position`` itself (a Python bool,
         known when the step is traced: SGLD, pSGLD, SGFS and SGRLD pass their position to ``grad_fn``
         unchanged), which decides where a rejected step returns."""
-        at = []
+        at: list[Array] = []
 
-        def recorded(x: Any) -> Any:
+        def recorded(x: Array) -> StochasticGradient:
             at.append(x)
             return grad_fn(x)
 
         position_new, state, gradient = self.rule_step(position, state, recorded, noise, step_size, i)
         return position_new, state, gradient, at[0] is position
 
-    def step_size_at(self, i: Any) -> Any:  # pragma: no cover - each backend defines it
+    def step_size_at(self, i: StepIndex) -> Scalar:  # pragma: no cover - each backend defines it
         """The step size ``h_i`` of step ``i``, as the backend's arrays want it."""
         raise NotImplementedError
 
     @staticmethod
-    def _is_positive_support(support: Any) -> bool:  # pragma: no cover - each backend defines it
+    def _is_positive_support(support: Any) -> bool:  # pragma: no cover - each backend defines it (Any: its constraint)
         """Whether a latent's support is the positive reals, in the backend's constraints."""
         raise NotImplementedError
 
-    def temperature_at(self, i: Any) -> Any:
+    def temperature_at(self, i: StepIndex) -> Scalar:
         """The temperature ``τ`` at step ``i``."""
         return self._temperature(i) if callable(self._temperature) else self._temperature
 
@@ -445,6 +596,7 @@ class Algorithm:
             or type(self).temperature_at is not Algorithm.temperature_at
             or "step_index" in call_kwargs(self.rule.step, {"step_index": None})
             or self._estimator.name != "minibatch"
+            or self._cycles is not None
         )
 
     # --- hooks the backends call ------------------------------------------------------------------
@@ -464,12 +616,38 @@ class Algorithm:
                 "from its state (what the warm-up chose is in the state); a new chain would sample untuned: set "
                 f"`{self.warmup_arg}` (at least {adaptation.minimum_warmup_steps()} steps), or {fix}."
             )
+        if self._cycles is not None and not self._keeps_sampling_stage:
+            self._start_warning = " ".join(filter(None, (self._start_warning, self._stages_mixed_in())))
+            # the driver's draws mix the stages: no end-of-run verdict of the kernel's own (Pyro's) judges them
+            self._judged_after_run = True
         if self.adapts and self._num_warmup_steps > 0:  # 0: a chain continued with its adapted state
             try:
                 self._window_ends = adaptation.adaptation_schedule(self._num_warmup_steps)
             except ValueError as err:
                 raise ValueError(f"{self.name}: {err} ({self.warmup_arg} counts draws of {self._steps_per_sample} "
                                  "step(s) each).") from None
+
+    def sampling_stage_only(self, idata: Any) -> Any:  # Any: InferenceData, whose groups its types do not declare
+        """An ``arviz.InferenceData`` of a run (with the step counts ``i`` in its ``sample_stats``) with only the
+        sampling stages' draws of a cyclical kernel (:meth:`sampling_stage`); unchanged without cycles. Both
+        backends' ``to_inference_data`` return it."""
+        if self._cycles is None:
+            return idata
+        keep = self.sampling_stage(idata.sample_stats["i"].values[0])  # every chain's stages are the same
+        return idata.isel(draw=np.flatnonzero(keep))
+
+    def _stages_mixed_in(self) -> str:
+        """What a cyclical kernel says when its driver's draws include the exploration stages' draws: which draws
+        they are and what leaves them out."""
+        cycles = cast(Cycles, self._cycles)
+        return (
+            f"{self.name}: the draws of this driver (get_samples, summary) include the {cycles.exploration} draws of "
+            f"each cycle's exploration stage (of {cycles.length}), an optimiser's path, not posterior draws. "
+            "`ppl_sgmcmc.numpyro.MCMC` (the same class and arguments as numpyro.infer.MCMC) keeps only the sampling "
+            "stages' draws, and so does `to_inference_data` of either backend; else keep the draws "
+            "`kernel.sampling_stage(i)` marks, `i` being the step counts recorded with them (extra field or "
+            "sample_stats `i`)."
+        )
 
     # --- the warm-up's adaptation (ppl_sgmcmc.adaptation) ---------------------------------------------------
     @property
@@ -489,32 +667,45 @@ class Algorithm:
         """The optimiser steps that move a new chain to an approximate mode before it samples (0: none)."""
         return self._find_mode_steps
 
-    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+    def noise_shape(self, dim: int) -> tuple[int, ...]:
+        """The shape of the standard normal draw that the rule's ``init`` and ``step`` take on a chain of ``dim``
+        coordinates: ``(dim,)``; a rule with more randomness asks for more (replica exchange: a row per replica).
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> SGLD(potential_fn=lambda z: 0.0, step_size=0.1).noise_shape(3)
+            (3,)
+        """
+        return (dim,)
+
+    def noise_scale(self, rule_state: RuleStateT, i: StepIndex, position: Array) -> Scalar:
         """``c``, the rule's scale of the gradient noise in its step at step ``i``, which took its gradient at
         ``position`` (``θ``, flat; see :mod:`ppl_sgmcmc.noise`): the noise ratio is ``h max_k c_k V_kk / (2τ)``.
         1 for SGLD; the algorithms with friction, a preconditioner, a gradient multiplier or a metric override it."""
         return 1.0
 
-    def _watched_state(self, rule_state: Any) -> Any:
+    # --- health: what the checks watch (ppl_sgmcmc.health) ----------------------------------------------------------
+    def _watched_state(self, rule_state: RuleStateT) -> tuple[Array | None, ...]:
         """The rule state's auxiliary variables whose size the health checks watch for a chain running off
         (:func:`ppl_sgmcmc.health.check`: momentum, thermostat, preconditioner; ``None`` leaves are skipped).
         All of them by default; an algorithm that also keeps running sums (CSGLD's energy statistics) leaves
         those out."""
         return rule_state
 
-    def _changing_preconditioner(self, rule_state: Any) -> Any:
+    def _changing_preconditioner(self, rule_state: RuleStateT) -> Array | None:
         """The array through which the rule's own preconditioner changes along the chain (pSGLD's ``V``), whose
         range between two health checks (:func:`ppl_sgmcmc.health.track`) :meth:`_preconditioner_change` turns
         into the factor by which the preconditioner changed; ``None`` (the default) for a rule whose
         preconditioner is fixed after the warm-up."""
         return None
 
-    def _preconditioner_change(self, low: Any, high: Any, start: Any) -> Any:
+    def _preconditioner_change(self, low: Array, high: Array, start: StepIndex) -> Array:
         """The largest factor, over the coordinates, by which the preconditioner changed while the array of
         :meth:`_changing_preconditioner` ranged over ``[low, high]`` since step ``start`` (NaN: not measured)."""
         raise NotImplementedError(f"{self.name} has no changing preconditioner")
 
-    def _measured_change(self, health_state: Any) -> Any:
+    def _measured_change(self, health_state: HealthState) -> Scalar:
         """The preconditioner change that the health check reports (:func:`ppl_sgmcmc.health.update`): NaN
         without a changing preconditioner, or while the steps since the previous check overlap the warm-up
         (which sets and rescales the preconditioner)."""
@@ -523,20 +714,39 @@ class Algorithm:
         xp = array_namespace(health_state.low)
         start = health_state.anchor_step
         change = self._preconditioner_change(health_state.low, health_state.high, start)
-        return xp.where(start >= self._num_warmup_steps, change, xp.full_like(change, math.nan))
+        measured: Array = xp.where(start >= self._num_warmup_steps, change, xp.full_like(change, math.nan))
+        return measured
 
-    def _step_cap(self, rule_state: Any) -> Any:
+    # --- warm-up: the rule's state and step size as the adaptation sees them ----------------------------------------
+    @property
+    def _absorbs_noise_per_coordinate(self) -> bool:
+        """Whether the rule absorbs the gradient noise coordinate by coordinate (mSGNHT's thermostat): a dense
+        preconditioner's coordinates are then turned to the noise's principal axes at the chain's start
+        (:func:`~ppl_sgmcmc.adaptation.align_noise`), where the noise has no covariances for it to miss. The rules
+        that do not absorb the noise are left in the Laplace coordinates."""
+        return False
+
+    def _probe_batches(self, dim: int) -> int:
+        """The minibatch gradients of a tuned chain's noise probe at its start, for ``dim`` latent coordinates:
+        :data:`~ppl_sgmcmc.adaptation.PROBE_BATCHES`, or enough for the noise's axes
+        (:data:`~ppl_sgmcmc.adaptation.ALIGN_PROBES_PER_COORDINATE` per coordinate) where a dense metric of up to
+        :data:`AUTO_DENSE_MAX` coordinates is aligned with them."""
+        if self._absorbs_noise_per_coordinate and self._adapt_mass and self._dense(dim) and dim <= AUTO_DENSE_MAX:
+            return max(adaptation.PROBE_BATCHES, adaptation.ALIGN_PROBES_PER_COORDINATE * dim)
+        return adaptation.PROBE_BATCHES
+
+    def _step_cap(self, rule_state: RuleStateT) -> Scalar:
         """The cap of a tuned step size at unit curvature: :attr:`max_step_size` (pSGLD scales it by its
         preconditioner)."""
         return self.max_step_size
 
-    def _warm_start(self, rule_state: Any, probe: Any) -> Any:
+    def _warm_start(self, rule_state: RuleStateT, probe: StochasticGradient) -> RuleStateT:
         """The rule's state at the start of a tuned chain, given the probe's gradients (rows of
         ``probe.grad`` and ``probe.score`` in the rule's coordinates): unchanged, but for a rule that keeps a
         running average of gradients (pSGLD), which the probe fills."""
         return rule_state
 
-    def _rescale_rule_state(self, rule_state: Any, factor: Any) -> Any:
+    def _rescale_rule_state(self, rule_state: RuleStateT, factor: Array) -> RuleStateT:
         """The rule's state when the coordinates ``u`` are rescaled (``u' = u ⊘ factor``, gradients
         ``factor ⊙ g``): unchanged, but for running averages of gradients (pSGLD). A momentum is kept: it has
         the right distribution in any coordinates the friction or thermostat equilibrates."""
@@ -547,7 +757,8 @@ class Algorithm:
         """Whether the rule runs in the coordinates of a preconditioner: adapted, or given (``inverse_mass_matrix``)."""
         return self._adapt_mass or self._fixed_mass is not None
 
-    def tuned_options(self, state: Any, chain: int | None = None) -> dict[str, Any]:
+    # --- the step size in force, the tuned options and the cycles' stages -------------------------------------------
+    def tuned_options(self, state: object, chain: int | None = None) -> dict[str, Any]:
         """The options that give a new kernel this run's kernel after its warm-up: ``step_size`` (the tuned one,
         which is a step size in the coordinates of the adapted preconditioner, or the given one) and
         ``inverse_mass_matrix`` (the preconditioner). ``SGLD(model, **kernel.tuned_options(state))`` then runs the
@@ -591,11 +802,54 @@ class Algorithm:
             pre, step_size = adaptation.Preconditioner(pre.scale[chain], pre.inverse[chain]), step_size[chain]
         return {"step_size": float(step_size) if self._tune else self._step_size, "inverse_mass_matrix": pre}
 
-    def step_size_in(self, adapt_state: Any, i: Any) -> Any:
-        """The step size of step ``i``: the tuned one of ``adapt_state``, or the given one (a schedule at ``i``)."""
-        return adapt_state.step_size if self._tune else self.step_size_at(i)
+    def step_size_in(self, adapt_state: AdaptationState, i: StepIndex) -> Scalar:
+        """The step size of step ``i``: the tuned one of ``adapt_state``, or the given one (a schedule at ``i``); with
+        cycles, that times the cycle's factor (:meth:`Cycles.factor`)."""
+        step_size = cast(adaptation.AdaptState, adapt_state).step_size if self._tune else self.step_size_at(i)
+        if self._cycles is None:
+            return step_size
+        return step_size * self._cycles.factor(i, self._num_warmup_steps, self._steps_per_sample)
 
-    def _laplace(self, hessian: Any) -> tuple[Any, Any]:
+    def _exploring(self, i: StepIndex) -> Flag:
+        """Whether the step that brought a chain to the step count ``i`` explored (a cyclical kernel's exploration
+        stage, :class:`Cycles`); ``False`` without cycles. The frozen-chain check skips such steps
+        (:func:`ppl_sgmcmc.health.update`)."""
+        if self._cycles is None:
+            return False
+        sampling = self._cycles.sampling(i - 1, self._num_warmup_steps, self._steps_per_sample)
+        if isinstance(sampling, bool):
+            return not sampling
+        exploring: Array = array_namespace(sampling).logical_not(sampling)
+        return exploring
+
+    @property
+    def cycles(self) -> Cycles | None:
+        """The kernel's cycles (:class:`Cycles`), or ``None``."""
+        return self._cycles
+
+    def sampling_stage(self, step_count: Array | np.typing.ArrayLike) -> np.ndarray:
+        """Which draws are posterior draws, by the step count ``i`` the chain's state had after each draw (the
+        ``i`` a cyclical kernel records in ``sample_stats``): all of them without cycles; with cycles, those the
+        sampling stages made (:meth:`Cycles.sampling`); the warm-up's are sampling draws too.
+
+        :param step_count: the recorded step counts, any shape (NumPy, JAX or torch).
+        :return: a NumPy boolean array of that shape.
+
+        **Example** (cycles of 4 draws, the first 2 exploring, after 2 warm-up draws of one step)::
+
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.0, step_size=0.1, cycle_length=4)
+            >>> kernel._set_warmup(2)
+            >>> kernel.sampling_stage([3, 4, 5, 6, 7, 8, 9, 10]).tolist()
+            [False, False, True, True, False, False, True, True]
+        """
+        steps = np.asarray(step_count.detach().cpu() if hasattr(step_count, "detach") else step_count, np.int64)
+        if self._cycles is None:
+            return np.ones(steps.shape, bool)
+        return np.asarray(self._cycles.sampling(steps - 1, self._num_warmup_steps, self._steps_per_sample), bool)
+
+    # --- warm-up: the chain's start and each step (the backends call these) -----------------------------------------
+    def _laplace(self, hessian: Array) -> tuple[adaptation.Preconditioner, Array]:
         """The Laplace preconditioner of a new chain's Hessian and its curvature in ``u``
         (:func:`~ppl_sgmcmc.adaptation.from_hessian`, dense or diagonal by ``dense_mass``, or by the dimension for
         ``dense_mass=None``); ``hessian`` may be only the diagonal (then the curvature is NaN: the backend measures
@@ -618,8 +872,9 @@ class Algorithm:
             )
         return self._dense(dim) or dim <= limit
 
-    def _initial_adaptation(self, position: Any, laplace: Any, probe: Any, rule_state: Any,
-                            energy: Any) -> tuple[Any, Any]:  # fmt: skip
+    def _initial_adaptation(self, position: Array, laplace: tuple[adaptation.Preconditioner, Scalar] | None,
+                            probe: StochasticGradient | None, rule_state: RuleStateT,
+                            energy: Scalar | None) -> tuple[AdaptationState, RuleStateT]:  # fmt: skip
         """The adaptation's state at a chain's start and the rule's state, warm-started.
 
         :param position: the chain's start ``θ`` (flat), with minibatch energy ``energy``.
@@ -637,13 +892,18 @@ class Algorithm:
             return adaptation.adapt_init(pre, 0.0, 1.0, position, energy), rule_state
         if not self.adapts:
             return adaptation.NoAdaptation(), rule_state
+        laplace = cast("tuple[adaptation.Preconditioner, Scalar]", laplace)  # given with adapt_mass_matrix
         pre, curvature = laplace if self._adapt_mass else (adaptation.identity(position.shape[0], False, position), 1.0)
-        step_size: Any = 0.0
+        step_size: Scalar = 0.0
         if self._tune:
             xp = array_namespace(position)
             pulled = adaptation.pullback_grad_fn(pre, lambda _: probe)(position)
-            rule_state = self._warm_start(rule_state, pulled)
             rows = pulled.grad.shape[0]  # diag V: the spread of single gradients (none for an exact potential)
+            if (self._adapt_mass and self._absorbs_noise_per_coordinate and pre.scale.ndim == 2
+                    and rows >= adaptation.ALIGN_PROBES_PER_COORDINATE * position.shape[0]):  # fmt: skip
+                pre = adaptation.align_noise(pre, pulled.grad)
+                pulled = adaptation.pullback_grad_fn(pre, lambda _: probe)(position)
+            rule_state = self._warm_start(rule_state, pulled)
             variance = xp.var(pulled.grad, axis=0, correction=1) if rows > 1 else xp.zeros_like(position)
             variance = self.noise_scale(rule_state, 0, position) * variance
             if self._adapt_mass:
@@ -655,22 +915,24 @@ class Algorithm:
         rule_state = self._place_rule_state(rule_state, adaptation.to_u(pre, position))
         return adaptation.adapt_init(pre, step_size, curvature, position, energy), rule_state
 
-    def _move(self, position: Any, rule_state: Any, grad_fn: Callable[[Any], Any], noise: Any, step_size: Any,
-              i: Any, adapt_state: Any) -> tuple:
+    def _move(self, position: Array, rule_state: RuleStateT, grad_fn: GradFn, noise: Array, step_size: Scalar,
+              i: StepIndex, adapt_state: AdaptationState) -> tuple[Array, RuleStateT, StochasticGradient, bool]:
         """One move of the rule from ``position`` with step size ``step_size``, in the preconditioned
         coordinates ``u = L⁻¹ θ`` with ``adapt_mass_matrix``: ``(new position, rule state, gradient (in the
         rule's coordinates), whether the rule took its gradient at the position)`` (see
-        :meth:`_rule_step_recorded`)."""
+        :meth:`_rule_step_recorded`). A cyclical kernel's exploration stage injects no noise (``ζ = 0``)."""
+        if self._cycles is not None:
+            noise = noise * self._cycles.sampling(i, self._num_warmup_steps, self._steps_per_sample)  # type: ignore[assignment]
         if not self._preconditioned:
             return self._rule_step_recorded(position, rule_state, grad_fn, noise, step_size, i)
-        pre = adapt_state.preconditioner
+        pre = cast(adaptation.AdaptState, adapt_state).preconditioner  # a preconditioned rule's warm-up adapts
         new_u, rule_state, gradient, at_start = self._rule_step_recorded(
             adaptation.to_u(pre, position), rule_state, adaptation.pullback_grad_fn(pre, grad_fn), noise, step_size, i
         )
         return adaptation.to_theta(pre, new_u), rule_state, gradient, at_start
 
-    def _measure_noise(self, noise_state: Any, gradient: Any, rule_state: Any, accepted: Any, i: Any,
-                       position: Any) -> tuple:  # fmt: skip
+    def _measure_noise(self, noise_state: NoiseState, gradient: StochasticGradient, rule_state: RuleStateT,
+                       accepted: Flag, i: StepIndex, position: Array) -> tuple[NoiseState, Array, Flag]:  # fmt: skip
         """The gradient-noise estimate after a step that took its gradient at ``position``
         (:func:`ppl_sgmcmc.noise.update`): ``(noise state, term, whether the term measured the noise)``."""
         valid = (noise_state.count >= 0) & accepted
@@ -678,8 +940,9 @@ class Algorithm:
         noise_state, term = noise.update(noise_state, gradient.grad, scale, accepted)
         return noise_state, term, valid
 
-    def _adapt(self, adapt_state: Any, noise_state: Any, rule_state: Any, position: Any, energy: Any, term: Any,
-               valid: Any, i: Any, fresh_noise: Any) -> tuple[Any, Any, Any, Any]:
+    def _adapt(self, adapt_state: AdaptationState, noise_state: NoiseState, rule_state: RuleStateT, position: Array,
+               energy: Scalar, term: Array, valid: Flag, i: StepIndex,
+               fresh_noise: Array) -> tuple[AdaptationState, NoiseState, RuleStateT, Array]:  # fmt: skip
         """The warm-up's adaptation after step ``i`` ended at ``position`` (``θ``) with minibatch energy
         ``energy`` and the noise ``term`` of :meth:`_measure_noise`: ``(adapt state, noise state, rule state,
         position)``.
@@ -692,17 +955,18 @@ class Algorithm:
         noise estimate and the rule state are re-expressed when the coordinates change."""
         if not self.adapts or self._window_ends is None:
             return adapt_state, noise_state, rule_state, position
+        adapt_state = cast(adaptation.AdaptState, adapt_state)  # the warm-up adapts
         xp = array_namespace(position)
         off = adaptation.ran_off(adapt_state, energy) & self._tune
         position = xp.where(off, adapt_state.restore, position)
         ends = adaptation.window_ends(self._window_ends, like=position)
         u = adaptation.to_u(adapt_state.preconditioner, position)
         restarted = self._restart_rule_state(rule_state, u, fresh_noise, i)
-        rule_state = type(rule_state)(*(
+        rule_state = type(rule_state)(*(  # type: ignore[arg-type]  # a NamedTuple takes its fields positionally
             None if new is None else xp.where(off, new, old) for new, old in zip(restarted, rule_state)
         ))  # fmt: skip
         adapt_state, factor = adaptation.adapt_step(
-            adapt_state, u, position, energy, term, valid & ~off, i, ends, adapt_mass=self._adapt_mass,
+            adapt_state, u, position, energy, term, valid & ~off, i, ends, adapt_mass=self._adapt_mass and self.rescales_mass,
             tune_step_size=self._tune, target=self._target_noise_ratio, temperature=self.temperature_at(i),
             max_step_size=self._step_cap(rule_state),
         )  # fmt: skip
@@ -716,12 +980,12 @@ class Algorithm:
         noise_state = noise_state._replace(count=xp.where(off, xp.full_like(noise_state.count, -1), noise_state.count))
         return adapt_state, noise_state, rule_state, position
 
-    def _place_rule_state(self, rule_state: Any, u: Any) -> Any:
+    def _place_rule_state(self, rule_state: RuleStateT, u: Array) -> RuleStateT:
         """The rule's state of a chain at ``u`` in the rule's coordinates: unchanged, but for a rule that keeps
         its own position (CSGLD), which the rule's ``init`` set in the model's coordinates."""
         return rule_state
 
-    def _restart_rule_state(self, rule_state: Any, u: Any, fresh_noise: Any, i: Any) -> Any:
+    def _restart_rule_state(self, rule_state: RuleStateT, u: Array, fresh_noise: Array, i: StepIndex) -> RuleStateT:
         """The rule's state of a chain restarted at ``u`` (the rule's coordinates) during the warm-up: placed
         there (:meth:`_place_rule_state`), a momentum redrawn (:func:`~ppl_sgmcmc.rules.refresh_momentum`), the
         rest kept."""
@@ -730,7 +994,8 @@ class Algorithm:
             return refresh_momentum(rule_state, fresh_noise, self.temperature_at(i))
         return rule_state
 
-    def _check_target(self, target: Any) -> None:
+    # --- checks on the model ----------------------------------------------------------------------------------------
+    def _check_target(self, target: Target) -> None:
         """Check the model's stochastic potential as soon as it is built, before anything is compiled,
         and ask it for what the rule needs from the gradient (``rule.NEEDS``)."""
         self._kwargs_cache = {}
@@ -742,7 +1007,7 @@ class Algorithm:
                 "plates, but this model has none (every step already uses all the data); use gradient='minibatch'."
             )
 
-    def _check_dimension(self, target: Any, dim: int) -> None:
+    def _check_dimension(self, target: Target, dim: int) -> None:
         """Check the options against the number ``dim`` of flattened latents (and, with ``gradient``'s centre,
         its shape)."""
         fixed = self._fixed_mass
@@ -759,10 +1024,10 @@ class Algorithm:
                 "sorted site order, unconstrained, as jax.flatten_util.ravel_pytree lays them out)."
             )
 
-    def _epoch_length(self, target: Any) -> int | None:
+    def _epoch_length(self, target: Target) -> int | None:
         """Steps between the centres of a refreshing gradient estimator (SVRG): its ``refresh_every``, or one
         epoch ``N/n`` of the largest subsampled plate; ``None`` for an estimator that does not refresh."""
-        every = self._estimator.refresh_every
+        every: int | None = self._estimator.refresh_every
         if every is None:
             return None
         if every:
@@ -770,11 +1035,12 @@ class Algorithm:
         size, n = max(target.plate_sizes.values())
         return max(1, size // n)
 
-    def _check_scores(self, per_example: Any, sites: list[str]) -> None:
+    def _check_scores(self, per_example: Array, sites: list[str]) -> None:
         """Check the per-datum scores of one minibatch at the chain's start (``n×d``; the site of each flat
         coordinate in ``sites``), for rules that read them (``NEEDS = "per_example"``)."""
 
-    def progress(self, state: Any) -> dict[str, Any]:
+    # --- display ----------------------------------------------------------------------------------------------------
+    def progress(self, state: ChainState[RuleStateT]) -> dict[str, Any]:
         """The progress line's items at ``state`` (read from the device): the minibatch energy ``Ũ_t``,
         the step size, the number of rejected steps, and the algorithm's own.
 
@@ -795,7 +1061,7 @@ class Algorithm:
 
 
 # --- Langevin and Hamiltonian samplers ------------------------------------------------------------------
-class SGLD(Algorithm):
+class SGLD(Algorithm[sgld_rule.SGLDState]):
     """Stochastic gradient Langevin dynamics (Welling & Teh, "Bayesian Learning via Stochastic Gradient
     Langevin Dynamics", ICML 2011)::
 
@@ -811,7 +1077,38 @@ class SGLD(Algorithm):
     rule = sgld_rule
 
 
-class SGHMC(Algorithm):
+def _sghmc_options(friction: Any, integrator: str, name: str) -> dict[str, Any]:
+    """The SGHMC integrator's ``friction`` ``A > 0`` and ``integrator``, checked."""
+    return {
+        "friction": _checks.schedule_or(_checks.positive, "friction", friction, name),
+        "integrator": _checks.choice("integrator", integrator, INTEGRATORS, name),
+    }
+
+
+class _SGHMCMoves(Algorithm[RuleStateT]):
+    """An algorithm whose chain moves by the SGHMC integrator (:class:`SGHMC`, :class:`CSGHMC`, :class:`ReSGHMC`):
+    its ``friction`` ``A > 0`` (default 1.0, also the injected noise's diffusion; a float or a schedule) and its
+    ``integrator`` (``"splitting"``, the default, or ``"euler"``), besides the algorithm's own arguments."""
+
+    schedulable = ("temperature", "friction")
+    max_step_size = 0.5
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Schedule | None = None,
+        friction: float | Schedule = 1.0,
+        integrator: str = "splitting",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        self._options = _sghmc_options(friction, integrator, self.name)
+        self.integrator = self._options["integrator"]
+
+
+class SGHMC(_SGHMCMoves[sghmc_rule.SGHMCState]):
     """Stochastic gradient HMC (Chen, Fox & Guestrin, "Stochastic Gradient Hamiltonian Monte Carlo",
     ICML 2014) with identity mass, integrated by Euler or by the second-order symmetric splitting of
     Chen, Ding & Carin ("On the Convergence of Stochastic Gradient MCMC Algorithms with High-Order
@@ -838,36 +1135,13 @@ class SGHMC(Algorithm):
     """
 
     rule = sghmc_rule
-    schedulable = ("temperature", "friction")
-    max_step_size = 0.5
 
-    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+    def noise_scale(self, rule_state: sghmc_rule.SGHMCState, i: StepIndex, position: Array) -> Scalar:
         """``1/A``: the injected noise's variance is ``2Ahτ``."""
-        return 1 / self.hyperparameters_at(i)["friction"]
-
-    def __init__(
-        self,
-        model: Callable[..., Any] | None = None,
-        potential_fn: Callable[..., Any] | None = None,
-        *,
-        step_size: float | Callable[[Any], Any] | None = None,
-        friction: float | Callable[[Any], Any] = 1.0,
-        integrator: str = "splitting",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        self._options = _sghmc_options(friction, integrator, self.name)
+        return cast(Scalar, 1 / self.hyperparameters_at(i)["friction"])
 
 
-def _sghmc_options(friction: Any, integrator: str, name: str) -> dict[str, Any]:
-    """SGHMC's (and CSGHMC's) ``friction`` ``A > 0`` and ``integrator``."""
-    return {
-        "friction": _checks.schedule_or(_checks.positive, "friction", friction, name),
-        "integrator": _checks.choice("integrator", integrator, INTEGRATORS, name),
-    }
-
-
-class SGNHT(Algorithm):
+class SGNHT(Algorithm[sgnht_rule.SGNHTState]):
     """Stochastic gradient Nosé-Hoover thermostat: the multivariate mSGNHT of Li, Chen, Fan & Carin
     ("High-Order Stochastic Gradient Thermostats for Bayesian Learning of Deep Models", AAAI 2016)
     with the symmetric-splitting (mSGNHT-S, default) or Euler (mSGNHT-E) integrator, or the
@@ -910,11 +1184,19 @@ class SGNHT(Algorithm):
     default_noise_ratio = 1.0
     noise_ratio_limit = 5.0
 
-    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+    def noise_scale(self, rule_state: sgnht_rule.SGNHTState, i: StepIndex, position: Array) -> Scalar:
         """``1/D``: the injected noise's variance is ``2Dhτ`` (the thermostat absorbs the gradient noise)."""
-        return 1 / self._options["diffusion"]
+        return cast(Scalar, 1 / self._options["diffusion"])
 
-    def _restart_rule_state(self, rule_state: Any, u: Any, fresh_noise: Any, i: Any) -> Any:
+    @property
+    def _absorbs_noise_per_coordinate(self) -> bool:
+        """The multivariate thermostat does (its friction ``ξ_k`` settles at ``D + h V_kk/2``); the scalar one
+        absorbs only the noise's mean variance."""
+        return bool(self._options["multivariate"])
+
+    def _restart_rule_state(
+        self, rule_state: sgnht_rule.SGNHTState, u: Array, fresh_noise: Array, i: StepIndex
+    ) -> sgnht_rule.SGNHTState:
         """A momentum redrawn and the thermostat back at ``D``: a thermostat that ran off with the chain would
         freeze it."""
         xp = array_namespace(rule_state.thermostat)
@@ -926,8 +1208,8 @@ class SGNHT(Algorithm):
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any] | None = None,
-        diffusion: float | Callable[[Any], Any] = 1.0,
+        step_size: float | Schedule | None = None,
+        diffusion: float | Schedule = 1.0,
         thermostat: str = "multivariate",
         integrator: str = "splitting",
         **kwargs: Any,
@@ -946,12 +1228,12 @@ class SGNHT(Algorithm):
             "integrator": _checks.choice("integrator", integrator, INTEGRATORS, name),
         }
 
-    def progress(self, state: Any) -> dict[str, Any]:
+    def progress(self, state: ChainState[sgnht_rule.SGNHTState]) -> dict[str, Any]:
         """The base items and the mean thermostat ``ξ̄``."""
         return {**super().progress(state), "ξ̄": f"{float(state.rule_state.thermostat.mean()):.3g}"}
 
 
-class PSGLD(Algorithm):
+class PSGLD(Algorithm[psgld_rule.PSGLDState]):
     """Preconditioned SGLD with an RMSprop preconditioner (Li, Chen, Carlson & Carin, "Preconditioned
     Stochastic Gradient Langevin Dynamics for Deep Neural Networks", AAAI 2016)::
 
@@ -985,41 +1267,41 @@ class PSGLD(Algorithm):
     #: ``λ`` without the warm-up's preconditioner (or without a subsampled plate), unless given.
     default_eps: ClassVar[float] = 1e-5
 
-    def _preconditioner(self, rule_state: Any) -> Any:
+    def _preconditioner(self, rule_state: psgld_rule.PSGLDState) -> Array:
         """pSGLD's ``G = 1 ⊘ (λ + sqrt(V))``."""
         xp = array_namespace(rule_state.square_avg)
-        return 1 / (self._options["eps"] + xp.sqrt(rule_state.square_avg))
+        return cast(Array, 1 / (self._options["eps"] + xp.sqrt(rule_state.square_avg)))
 
-    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+    def noise_scale(self, rule_state: psgld_rule.PSGLDState, i: StepIndex, position: Array) -> Scalar:
         """``G``: the gradient and the injected noise pass through the preconditioner."""
         return self._preconditioner(rule_state)
 
-    def _changing_preconditioner(self, rule_state: Any) -> Any:
+    def _changing_preconditioner(self, rule_state: psgld_rule.PSGLDState) -> Array | None:
         """``V``: ``G`` follows the minibatch scores along the chain, and the rule drops the ``Γ`` term of that
         change (the health checks report a ``G`` that changes by more than
         :data:`~ppl_sgmcmc.health.PRECONDITIONER_CHANGE` between two checks)."""
         return rule_state.square_avg
 
-    def _preconditioner_change(self, low: Any, high: Any, start: Any) -> Any:
+    def _preconditioner_change(self, low: Array, high: Array, start: StepIndex) -> Array:
         """``max_k G(low_k) / G(high_k)``; NaN until ``V`` has forgotten its start (``10/(1-α)`` steps)."""
         xp = array_namespace(low)
         eps = self._options["eps"]
         change = xp.max((eps + xp.sqrt(high)) / (eps + xp.sqrt(low)))
         settled = xp.asarray(start, dtype=low.dtype, device=device(low)) >= 10 / (1 - self._options["alpha"])
-        return xp.where(settled, change, xp.full_like(change, math.nan))
+        return cast(Array, xp.where(settled, change, xp.full_like(change, math.nan)))
 
-    def _step_cap(self, rule_state: Any) -> Any:
+    def _step_cap(self, rule_state: psgld_rule.PSGLDState) -> Scalar:
         """:attr:`max_step_size` for the preconditioned step ``h G``."""
         xp = array_namespace(rule_state.square_avg)
-        return self.max_step_size / xp.max(self._preconditioner(rule_state))
+        return cast(Scalar, self.max_step_size / xp.max(self._preconditioner(rule_state)))
 
-    def _warm_start(self, rule_state: Any, probe: Any) -> Any:
+    def _warm_start(self, rule_state: psgld_rule.PSGLDState, probe: StochasticGradient) -> psgld_rule.PSGLDState:
         """``V`` starts at the probe's mean squared score instead of 0 (whose ``G = 1/λ`` would take huge
         first steps)."""
         xp = array_namespace(probe.score)
         return rule_state._replace(square_avg=xp.mean(probe.score * probe.score, axis=0))
 
-    def _rescale_rule_state(self, rule_state: Any, factor: Any) -> Any:
+    def _rescale_rule_state(self, rule_state: psgld_rule.PSGLDState, factor: Array) -> psgld_rule.PSGLDState:
         """``V ⊙ factor²``: scores in the new coordinates are ``factor ⊙`` those in the old."""
         return rule_state._replace(square_avg=rule_state.square_avg * factor * factor)
 
@@ -1028,7 +1310,7 @@ class PSGLD(Algorithm):
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any] | None = None,
+        step_size: float | Schedule | None = None,
         alpha: float = 0.99,
         eps: float | None = None,
         **kwargs: Any,
@@ -1040,7 +1322,7 @@ class PSGLD(Algorithm):
             "eps": self.default_eps if eps is None else _checks.positive("eps", eps, self.name),
         }
 
-    def _check_target(self, target: Any) -> None:
+    def _check_target(self, target: Target) -> None:
         """``λ = 1/sqrt(n N)`` unless given, with the preconditioner in force (see the class docstring)."""
         super()._check_target(target)
         if not self._eps_given and self._preconditioned and target.plate_sizes:
@@ -1048,7 +1330,7 @@ class PSGLD(Algorithm):
             self._options["eps"] = 1.0 / math.sqrt(n * size)
 
 
-class SGRLD(Algorithm):
+class SGRLD(Algorithm[sgrld_rule.SGRLDState]):
     """Stochastic gradient Riemannian Langevin dynamics (Patterson & Teh, "Stochastic Gradient Riemannian
     Langevin Dynamics on the Probability Simplex", NeurIPS 2013) with the expanded-mean preconditioner
     ``G(θ) = diag(θ)`` (the inverse metric) and mirroring, for positive latents::
@@ -1074,7 +1356,7 @@ class SGRLD(Algorithm):
     rule = sgrld_rule
     constrained = True
 
-    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+    def noise_scale(self, rule_state: sgrld_rule.SGRLDState, i: StepIndex, position: Array) -> Scalar:
         """``θ``: the step moves coordinate ``k`` by ``h θ_k`` times the gradient, and injects noise of variance
         ``2hτθ_k``, so the gradient noise adds ``h θ_k V_kk / (2τ)`` of it."""
         return position
@@ -1082,7 +1364,7 @@ class SGRLD(Algorithm):
     can_adapt_mass = False
     can_adapt_mass_reason = "SGRLD's preconditioner is diag(θ), fixed by the Riemannian metric."
 
-    def _check_target(self, target: Any) -> None:
+    def _check_target(self, target: Target) -> None:
         super()._check_target(target)
         _checks.positive_latents(target.latent_supports, self._is_positive_support, self.name)
 
@@ -1097,7 +1379,7 @@ class ContourFields:
     """
 
     __slots__ = ()
-    rule_state: Any
+    rule_state: sgrld_rule.SGRLDState
 
     log_weight = property(lambda self: self.rule_state.log_weight, doc="log importance weight of the sample")
     partition = property(lambda self: self.rule_state.partition, doc="0-based energy bin of the sample")
@@ -1117,7 +1399,7 @@ class Contour:
     energy_gap: float | None
     energy_min: float | None
     zeta: float
-    sa_step_size: Any  # a float in (0, 1) or a schedule
+    sa_step_size: float | Schedule  # a float in (0, 1) or a schedule
     weight: str
     calibration_steps: int | None
     initial_theta: np.ndarray | None
@@ -1160,7 +1442,7 @@ class Contour:
         return calibration, 0 if self.adapt_theta == "never" else None
 
 
-class CSGLD(Algorithm):
+class CSGLD(Algorithm[csgld_rule.CSGLDState]):
     """Contour stochastic gradient Langevin dynamics (Deng, Lin & Liang, "A Contour Stochastic Gradient
     Langevin Dynamics Algorithm for Simulations of Multi-modal Distributions", NeurIPS 2020): SGLD on
     the flattened density ``ϖ ∝ π / Ψ_θ(U)^ζ``, with importance weights that restore ``π``.
@@ -1221,22 +1503,26 @@ class CSGLD(Algorithm):
     rule = csgld_rule
     sample_stats_fields = ("log_weight", "partition")
 
-    def _place_rule_state(self, rule_state: Any, u: Any) -> Any:
+    def _place_rule_state(self, rule_state: csgld_rule.CSGLDState, u: Array) -> csgld_rule.CSGLDState:
         """The integrator's own position (one move ahead of the sample) at ``u``."""
         return rule_state._replace(position=u)
 
-    def _rescale_rule_state(self, rule_state: Any, factor: Any) -> Any:
+    def _rescale_rule_state(self, rule_state: csgld_rule.CSGLDState, factor: Array) -> csgld_rule.CSGLDState:
         """The integrator's own position (one move ahead of the sample) in the rescaled coordinates, ``u ⊘ factor``:
         the rule moves from it, not from the position the kernel passes, so it must follow every change of
         coordinates the warm-up makes."""
         return rule_state._replace(position=rule_state.position / factor)
 
-    def _watched_state(self, rule_state: Any) -> Any:
+    def _watched_state(self, rule_state: csgld_rule.CSGLDState) -> tuple[Array | None, ...]:
         """Not the energy grid and statistics (energies, and a running sum of their squared deviations, grow
         with ``N`` and the run) nor the last sample's log-weight."""
-        return rule_state._replace(energy_min=None, energy_gap=None, energy_mean=None, energy_m2=None, log_weight=None)
+        fields: Any = rule_state  # its NamedTuple's fields are arrays; the health checks skip `None` leaves
+        watched: tuple[Array | None, ...] = fields._replace(
+            energy_min=None, energy_gap=None, energy_mean=None, energy_m2=None, log_weight=None
+        )
+        return watched
 
-    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+    def noise_scale(self, rule_state: csgld_rule.CSGLDState, i: StepIndex, position: Array) -> Scalar:
         """The squared gradient multiplier (divided by CSGHMC's friction): the flattening scales the
         gradient, noise included, but not the injected noise."""
         scale = rule_state.multiplier * rule_state.multiplier
@@ -1249,12 +1535,12 @@ class CSGLD(Algorithm):
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any] | None = None,
+        step_size: float | Schedule | None = None,
         num_partitions: int = 100,
         energy_gap: float | str = "auto",
         energy_min: float | str = "auto",
         zeta: float = 0.75,
-        sa_step_size: float | Callable[[Any], Any] = csgld_rule.default_sa_step_size,
+        sa_step_size: float | Schedule = csgld_rule.default_sa_step_size,
         weight: str = "interpolated",
         calibration_steps: int | None = None,
         adapt_theta: str = "always",
@@ -1329,7 +1615,7 @@ class CSGLD(Algorithm):
                 f"`{self.warmup_arg}`, or give `energy_min` and `energy_gap` explicitly."
             )
 
-    def progress(self, state: Any) -> dict[str, Any]:
+    def progress(self, state: ChainState[csgld_rule.CSGLDState]) -> dict[str, Any]:
         """The base items, the sample's 0-based energy bin and its gradient multiplier."""
         rule = state.rule_state
         return {**super().progress(state), "bin": int(rule.partition), "mult": f"{float(rule.multiplier):.3g}"}
@@ -1347,7 +1633,8 @@ def _contour(
     initial_theta: Any,
     kernel: str,
 ) -> Contour:
-    """CSGLD's contour arguments, checked in the order the messages are tested in."""
+    """CSGLD's contour arguments, checked in the order the messages are tested in (``Any``: the user's values,
+    before their checks)."""
     adapt_theta = _checks.choice("adapt_theta", adapt_theta, ("always", "warmup", "never"), kernel)
     num_partitions = _checks.int_at_least("num_partitions", num_partitions, 2, kernel)
     energy_gap = None if energy_gap == "auto" else _checks.positive("energy_gap", energy_gap, kernel)
@@ -1372,7 +1659,7 @@ def _contour(
     return contour
 
 
-class CSGHMC(CSGLD):
+class CSGHMC(_SGHMCMoves[csgld_rule.CSGLDState], CSGLD):
     """Contour SGHMC (Deng, Lin & Liang, NeurIPS 2020, §4.2): the energy flattening and importance
     weights of :class:`CSGLD` inside the SGHMC momentum integrator of :class:`SGHMC` (identity mass),
     the gradient ``∇Ũ_t`` replaced by ``[1 + (ζ τ / Δu)(log θ(j) - log θ(j⁻))] ∇Ũ_t``.
@@ -1388,26 +1675,9 @@ class CSGHMC(CSGLD):
     The contour arguments are those of :class:`CSGLD`.
     """
 
-    schedulable = ("temperature", "friction")
-    max_step_size = 0.5
-
-    def __init__(
-        self,
-        model: Callable[..., Any] | None = None,
-        potential_fn: Callable[..., Any] | None = None,
-        *,
-        step_size: float | Callable[[Any], Any] | None = None,
-        friction: float | Callable[[Any], Any] = 1.0,
-        integrator: str = "splitting",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
-        self._options = _sghmc_options(friction, integrator, self.name)
-        self.integrator = self._options["integrator"]
-
 
 # --- SGFS -------------------------------------------------------------------------------------------------
-class SGFS(Algorithm):
+class SGFS(Algorithm[sgfs_rule.SGFSState]):
     """Stochastic gradient Fisher scoring (Ahn, Korattikara & Welling, "Bayesian Posterior Sampling via
     Stochastic Gradient Fisher Scoring", ICML 2012), Algorithm 1.
 
@@ -1466,7 +1736,7 @@ class SGFS(Algorithm):
     rule = sgfs_rule
     can_adapt_mass = False
 
-    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+    def noise_scale(self, rule_state: sgfs_rule.SGFSState, i: StepIndex, position: Array) -> Scalar:
         """Not measured (NaN): SGFS builds the gradient noise into its preconditioner and noise by design."""
         return math.nan
     can_adapt_mass_reason = "SGFS preconditions by its own Fisher estimate, which the warm-up already adapts."
@@ -1476,7 +1746,7 @@ class SGFS(Algorithm):
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any] | None = None,
+        step_size: float | Schedule | None = None,
         alpha: float | None = None,
         fisher: str = "full",
         B: Any = "fisher",
@@ -1559,11 +1829,11 @@ class SGFS(Algorithm):
         """
         return dict(self._options, data_size=self._data_size, num_warmup=self._num_warmup_steps)
 
-    def _check_target(self, target: Any) -> None:
+    def _check_target(self, target: Target) -> None:
         super()._check_target(target)
         self._data_size = target.data_size
 
-    def _check_scores(self, per_example: Any, sites: list[str]) -> None:
+    def _check_scores(self, per_example: Array | np.ndarray, sites: list[str]) -> None:
         """With ``B="fisher"``, every latent must enter the likelihood: a coordinate whose per-datum scores are
         all zero has no Fisher information, and the preconditioner ``(γ N Î + 4B/ε)⁻¹`` is singular along it
         (the chain freezes or takes huge steps there). A latent that enters only through the prior (a
@@ -1584,7 +1854,7 @@ class SGFS(Algorithm):
                 "give a positive definite `B` and a finite `step_size`."
             )
 
-    def _check_dimension(self, target: Any, dim: int) -> None:
+    def _check_dimension(self, target: Target, dim: int) -> None:
         super()._check_dimension(target, dim)
         options = self._options
         try:
@@ -1603,7 +1873,7 @@ class SGFS(Algorithm):
 
 
 # --- Santa ------------------------------------------------------------------------------------------------
-class Santa(Algorithm):
+class Santa(Algorithm[santa_rule.SantaState]):
     """Santa, the stochastic annealing thermostat with adaptive momentum (Chen, Carlson, Gan, Li & Carin,
     "Bridging the Gap between Stochastic Gradient MCMC and Stochastic Optimization", AISTATS 2016):
     mSGNHT preconditioned by RMSprop at inverse temperatures ``β_t → ∞``, an optimiser that starts as a
@@ -1666,8 +1936,8 @@ class Santa(Algorithm):
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any] | None = None,
-        inverse_temperature: float | Callable[[Any], Any] | None = None,
+        step_size: float | Schedule | None = None,
+        inverse_temperature: float | Schedule | None = None,
         num_exploration: int | float | None = None,
         decay: float = 0.999,
         eps: float = 1e-8,
@@ -1715,7 +1985,7 @@ class Santa(Algorithm):
         """
         return dict(self._options, num_exploration=self._num_exploration, data_size=self._data_size)
 
-    def temperature_at(self, i: Any) -> Any:
+    def temperature_at(self, i: StepIndex) -> Scalar:
         """Santa's temperature at step ``i``: ``T_i = 1/β_i`` while it explores, 0 once it refines. A momentum
         redrawn after a rejected step gets ``N(0, T_i I)``.
 
@@ -1727,9 +1997,9 @@ class Santa(Algorithm):
             (0.5, 0.0)
         """
         beta = self._options["inverse_temperature"]
-        return (i < self._num_exploration) / (beta(i) if callable(beta) else beta)
+        return cast(Scalar, (i < self._num_exploration) / (beta(i) if callable(beta) else beta))
 
-    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+    def noise_scale(self, rule_state: santa_rule.SantaState, i: StepIndex, position: Array) -> Scalar:
         """Not measured (NaN): the annealed target changes, and the refinement injects no noise."""
         return math.nan
 
@@ -1744,12 +2014,12 @@ class Santa(Algorithm):
                 f"chain should set `{self.warmup_arg}` or `num_exploration`."
             )
 
-    def _check_dimension(self, target: Any, dim: int) -> None:
+    def _check_dimension(self, target: Target, dim: int) -> None:
         super()._check_dimension(target, dim)
         self._data_size = target.data_size
         self._kwargs_cache = {}
 
-    def progress(self, state: Any) -> dict[str, Any]:
+    def progress(self, state: ChainState[santa_rule.SantaState]) -> dict[str, Any]:
         """The base items, the mean thermostat ``ξ̄`` and the temperature ``T`` (0 once refining).
 
         **Example**::
@@ -1766,7 +2036,7 @@ class Santa(Algorithm):
 
 
 # --- the complete recipe ----------------------------------------------------------------------------------
-class Recipe(Algorithm):
+class Recipe(Algorithm[recipe_rule.RecipeState]):
     """A sampler built from the complete recipe of Ma, Chen & Fox ("A Complete Recipe for Stochastic Gradient
     MCMC", NeurIPS 2015): a positive semidefinite diffusion matrix ``D(z)`` and a skew-symmetric curl matrix
     ``Q(z)`` over the joint state ``z = θ``, or ``z = (θ, r)`` with momenta and ``H(z) = U(θ) + r·r/2``; the
@@ -1814,14 +2084,14 @@ class Recipe(Algorithm):
         "would change."
     )
     #: ``f -> (z -> ∂f(z)/∂z)``, the backend's Jacobian operator (each backend's base class defines it).
-    _jacobian: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]
+    _jacobian: Callable[[Callable[[Array], Array]], Callable[[Array], Array]]
 
     def __init__(
         self,
         model: Callable[..., Any] | None = None,
         potential_fn: Callable[..., Any] | None = None,
         *,
-        step_size: float | Callable[[Any], Any] | None = None,
+        step_size: float | Schedule | None = None,
         D: Any,
         Q: Any = None,
         momentum: bool = False,
@@ -1842,11 +2112,11 @@ class Recipe(Algorithm):
             "jacobian": self._jacobian,
         }
 
-    def noise_scale(self, rule_state: Any, i: Any, position: Any) -> Any:
+    def noise_scale(self, rule_state: recipe_rule.RecipeState, i: StepIndex, position: Array) -> Scalar:
         """Not measured (NaN): how the gradient noise enters depends on the user's ``D`` and ``Q``."""
         return math.nan
 
-    def _check_dimension(self, target: Any, dim: int) -> None:
+    def _check_dimension(self, target: Target, dim: int) -> None:
         super()._check_dimension(target, dim)
         for name in ("D", "Q"):
             value = self._options[name]
@@ -1857,7 +2127,7 @@ class Recipe(Algorithm):
                     raise ValueError(f"{self.name}: {err} The model has d = {dim} latent coordinates.") from None
 
 
-def _recipe_matrix(name: str, value: Any, kernel: str) -> Any:
+def _recipe_matrix(name: str, value: Any, kernel: str) -> Any:  # Any: a user's value in, checked or callable out
     """The recipe's ``D`` (positive semidefinite: a non-negative scalar or diagonal, or a symmetric matrix) or
     ``Q`` (a skew-symmetric matrix), checked when constant: a float or a float64 NumPy array; a callable as is."""
     if callable(value):
@@ -1883,3 +2153,245 @@ def _recipe_matrix(name: str, value: Any, kernel: str) -> Any:
     elif np.any(array < 0):
         raise ValueError(f"{kernel}: `D` must be non-negative, got {value!r}.")
     return float(array) if array.ndim == 0 else array
+
+
+# --- replica exchange (reSGLD / reSGHMC) ----------------------------------------------------------------------
+class ReplicaFields:
+    """The replica-exchange quantities of a reSGLD/reSGHMC rule state (:class:`ppl_sgmcmc.rules.replica.ReplicaState`)
+    as attributes of the kernel's state, collected with every draw by default (ArviZ ``sample_stats``):
+
+    - ``swap_probability``: ``min(1, S̃)`` of the swap between the cold slot and the next one at the draw's last
+      step; its mean over the draws is the chain's swap acceptance rate;
+    - ``num_swaps``: the swaps of the cold slot so far (each is a jump of the chain to another walker's position);
+    - ``cold_replica``: which walker (numbered by its starting slot) holds the kept chain.
+
+    Also ``ladder`` (``τ_k/τ``), ``energy_variance`` (``ŝ²`` of each adjacent pair) and ``swaps`` (per pair), all
+    pairs'. Each backend's ``ReplicaState`` mixes it into its state class.
+    """
+
+    __slots__ = ()
+    rule_state: recipe_rule.RecipeState
+
+    swap_probability = property(lambda self: self.rule_state.swap_probability[..., 0],
+                                doc="min(1, S̃) of the cold pair at the draw's last step")  # fmt: skip
+    num_swaps = property(lambda self: self.rule_state.swaps[..., 0], doc="swaps of the cold slot so far")
+    cold_replica = property(lambda self: self.rule_state.walkers[..., 0], doc="the walker in the cold slot")
+    ladder = property(lambda self: self.rule_state.ladder, doc="the temperatures over τ")
+    energy_variance = property(lambda self: self.rule_state.energy_variance, doc="ŝ² of each adjacent pair")
+    swaps = property(lambda self: self.rule_state.swaps, doc="the swaps of each adjacent pair so far")
+
+
+class ReSGLD(Algorithm[replica_rule.ReplicaState]):
+    """Replica-exchange SGLD (Deng, Feng, Gao, Liang & Lin, "Non-convex Learning via Replica Exchange Stochastic
+    Gradient MCMC", ICML 2020): ``K`` SGLD replicas at the temperatures ``τ_0 = τ < τ_1 < ... < τ_{K-1}`` on the same
+    minibatch, and a swap of adjacent replicas' positions after each gradient, with the swap rate corrected for
+    the minibatch noise of the energies. With ``Ũ_k`` the minibatch energy of slot ``k``, ``a_k = 1/τ_k - 1/τ_{k+1}``
+    and ``ŝ²_k`` the variance of ``Ũ_k - Ũ_{k+1}`` (estimated along the chain), for ``k = 0, ..., K-2`` in turn::
+
+        S̃_k = exp(a_k (Ũ_k - Ũ_{k+1}) - a_k² ŝ²_k / (2F));   swap slots k and k+1 if u < S̃_k,  u ~ U(0, 1)
+        θ_k ← θ_k - h ∇Ũ_t(θ_k) + sqrt(2 h τ_k) ξ_k                         (every slot, after the swaps)
+
+    ``F = 1`` is exact for Gaussian energy noise (detailed balance in the mean over the noise); the rule, the
+    estimate of ``ŝ²`` and why the swap is exact are in :mod:`ppl_sgmcmc.rules.replica`. The cold slot (``τ``) is
+    the chain: its draws are the posterior draws. A swap moves it to another replica's position (a jump); the
+    noise estimate skips the gradient difference across it.
+
+    **Temperatures.** ``temperatures=None`` (default): a ladder of ``num_replicas`` temperatures, geometric from
+    ``1 + 2/sqrt(d)`` and adapted during the warm-up so that each adjacent pair swaps with probability
+    ``target_swap_rate`` (the ratios then stay fixed); or ``temperatures``, the ``K`` multipliers ``τ_k/τ`` (the first
+    1, increasing). Every replica runs with the cold chain's step size ``h`` (tuned for it by the warm-up) and, with
+    ``adapt_mass_matrix``, in its preconditioned coordinates: the replicas share the metric. A hot replica's target
+    is ``exp(-U/τ_k)``, wider than the posterior; it crosses the barriers between modes that the cold chain does not,
+    and a swap hands the cold chain its position. ``K = 2`` replicas double the gradients of a step. The
+    preconditioner is the Laplace approximation at the chain's start (after ``find_mode``): the warm-up's windows do
+    not rescale it by the spread of the draws, which for a chain that swaps between modes is the modes' spread, far
+    wider than the local scale that bounds the step size.
+
+    **Output.** Every draw carries ``swap_probability``, ``num_swaps`` and ``cold_replica`` (see
+    :class:`ReplicaFields`), which the ArviZ converters put in ``sample_stats``; the chain's final ``ladder``,
+    ``swaps`` and ``energy_variance`` are in its state.
+
+    :param step_size: ``h``, a float or a schedule, or ``None`` (tuned for the cold chain).
+    :param num_replicas: ``K >= 2`` (default 2), or the length of ``temperatures``.
+    :param temperatures: the ladder ``τ_k/τ``, or ``None`` (default: adapted in the warm-up).
+    :param energy_variance: ``"auto"`` (default: estimated along the chain; 0 for a target without minibatches, a
+        deterministic ``potential_fn`` or a model without subsampled plates) or ``ŝ² >= 0``, the known variance of
+        the minibatch energy difference of two replicas (0: the uncorrected swap).
+    :param correction_factor: ``F > 0`` (default 1). Larger values correct less: more swaps, biased.
+    :param target_swap_rate: the swap probability the adapted ladder aims at, in (0, 1) (default 0.3).
+    :param temperature: ``τ``, the cold chain's (default 1).
+
+    Other arguments: see :class:`Algorithm`.
+    """
+
+    rule = replica_rule
+    # a chain that swaps between modes spreads over them: its draws' spread is not the local scale the step must respect
+    rescales_mass = False
+    sample_stats_fields = ("swap_probability", "num_swaps", "cold_replica")
+    final_state_fields = ("ladder", "swaps", "energy_variance")
+    integrator = "langevin"
+
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Schedule | None = None,
+        num_replicas: int | None = None,
+        temperatures: Any = None,
+        energy_variance: float | str = "auto",
+        correction_factor: float = 1.0,
+        target_swap_rate: float = 0.3,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, potential_fn, step_size=step_size, **kwargs)
+        name = self.name
+        if self._cycles is not None:  # the exploration stage zeroes the rule's normal draws, whose last row is the swap's
+            raise ValueError(
+                f"{name}: `cycle_length` (cyclical SG-MCMC) is another way across modes; replica exchange takes its "
+                "swaps from the rule's draws, which an exploration stage would zero. Use one of the two."
+            )
+        ladder = None
+        if temperatures is not None:
+            ladder = _ladder(temperatures, name)
+            if num_replicas is not None and num_replicas != len(ladder):
+                raise ValueError(f"{name}: `num_replicas` ({num_replicas}) differs from the {len(ladder)} `temperatures`; "
+                                 "give one of them.")  # fmt: skip
+        replicas = len(ladder) if ladder is not None else 2 if num_replicas is None else num_replicas
+        self._replica = {
+            "num_replicas": _checks.int_at_least("num_replicas", replicas, 2, name),
+            "ladder": ladder,
+            "energy_variance": None if energy_variance == "auto"
+            else _checks.non_negative("energy_variance", energy_variance, name),
+            "correction_factor": _checks.positive("correction_factor", correction_factor, name),
+            "target_swap_rate": _checks.in_unit_interval("target_swap_rate", target_swap_rate, name),
+        }
+        self._adaptation_steps = 0  # the ladder's, set from the warm-up
+        self._exact_energies = False  # set from the model: no minibatch, no stochastic potential, no Gibbs sites
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The rule's keyword arguments besides ``step_size``: ``temperature``, ``num_replicas``, ``ladder`` (``None``:
+        adapted), ``energy_variance`` (``None``: estimated), ``correction_factor``, ``target_swap_rate``,
+        ``adaptation_steps`` (the warm-up's steps when the ladder adapts, else 0) and the ``integrator``.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import ReSGLD
+            >>> hp = ReSGLD(potential_fn=lambda z: 0.0, step_size=0.1, temperatures=(1, 3, 9)).hyperparameters()
+            >>> hp["num_replicas"], hp["ladder"], hp["energy_variance"], hp["integrator"]
+            (3, (1.0, 3.0, 9.0), None, 'langevin')
+
+        (``energy_variance`` becomes 0 once the kernel has seen a target with exact energies.)
+        """
+        hyper = {**super().hyperparameters(), **self._replica, "integrator": self.integrator,
+                 "adaptation_steps": self._adaptation_steps}  # fmt: skip
+        if hyper["energy_variance"] is None and self._exact_energies:
+            hyper["energy_variance"] = 0.0
+        return hyper
+
+    def _check_dimension(self, target: Target, dim: int) -> None:
+        """``energy_variance="auto"`` is 0 for a target whose energies are exact: no subsampled plate, no stochastic
+        ``potential_fn``, no local Gibbs sites (the estimate would measure only its own discretisation error)."""
+        super()._check_dimension(target, dim)
+        self._kwargs_cache = {}
+        self._exact_energies = not (getattr(target, "plate_sizes", None) or getattr(target, "stochastic", False)
+                                    or self._gibbs is not None)  # fmt: skip
+
+    def noise_shape(self, dim: int) -> tuple[int, ...]:
+        """``(K, d + 2)``: each replica's noise, and two normals per swap (:func:`ppl_sgmcmc.rules.replica.noise_shape`).
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import ReSGLD
+            >>> ReSGLD(potential_fn=lambda z: 0.0, step_size=0.1, num_replicas=3).noise_shape(4)
+            (3, 6)
+        """
+        return replica_rule.noise_shape(dim, self._replica["num_replicas"])
+
+    def _set_warmup(self, num_warmup: int, steps: int | None = None) -> None:
+        super()._set_warmup(num_warmup, steps)
+        self._adaptation_steps = self._num_warmup_steps if self._replica["ladder"] is None else 0
+        self._kwargs_cache = {}
+
+    def _same_step_after_warmup(self) -> bool:
+        """``False``: the noise estimate skips the steps whose swap moved the chain (:meth:`_measure_noise`), which a
+        step compiled with its noise estimate would not."""
+        return False
+
+    def _measure_noise(self, noise_state: NoiseState, gradient: StochasticGradient, rule_state: replica_rule.ReplicaState,
+                       accepted: Flag, i: StepIndex, position: Array) -> tuple[NoiseState, Array, Flag]:  # fmt: skip
+        """The base estimate, without the gradient difference across a swap of the cold slot (a jump to another
+        replica's position, not noise): the swapped-in gradient becomes the one the next step's is compared with."""
+        jumped = rule_state.swapped[..., 0]
+        noise_state, term, valid = super()._measure_noise(noise_state, gradient, rule_state, accepted & ~jumped, i,
+                                                          position)  # fmt: skip
+        xp = array_namespace(gradient.grad)
+        return noise_state._replace(previous=xp.where(accepted & jumped, gradient.grad, noise_state.previous)), term, valid
+
+    def _adapt(self, adapt_state: AdaptationState, noise_state: NoiseState, rule_state: replica_rule.ReplicaState,
+               position: Array, energy: Scalar, term: Array, valid: Flag, i: StepIndex,
+               fresh_noise: Array) -> tuple[AdaptationState, NoiseState, replica_rule.ReplicaState, Array]:  # fmt: skip
+        """The base adaptation, but a step whose swap moved the chain is not judged to have run off: its energy is
+        a hotter replica's (higher by the swap's design, and accepted with probability ``exp(-a ΔŨ)``), so the
+        warm-up's energy level stands in for it."""
+        if self.adapts and self._window_ends is not None:
+            xp = array_namespace(position)
+            level = cast(adaptation.AdaptState, adapt_state).energy_level  # the warm-up adapts
+            energy = xp.where(rule_state.swapped[..., 0], level, energy)
+        return super()._adapt(adapt_state, noise_state, rule_state, position, energy, term, valid, i, fresh_noise)
+
+    def _place_rule_state(self, rule_state: replica_rule.ReplicaState, u: Array) -> replica_rule.ReplicaState:
+        """Every replica, and its last gradient point, at ``u``."""
+        xp = array_namespace(u)
+        points = xp.broadcast_to(u[None, :], rule_state.points.shape) + xp.zeros_like(rule_state.points)
+        return rule_state._replace(replicas=points[1:], points=points)
+
+    def _rescale_rule_state(self, rule_state: replica_rule.ReplicaState, factor: Array) -> replica_rule.ReplicaState:
+        """The replicas and their last gradient points in the rescaled coordinates (``u ⊘ factor``), their last
+        gradients ``⊙ factor``; the momenta are kept."""
+        return rule_state._replace(replicas=rule_state.replicas / factor, points=rule_state.points / factor,
+                                   gradients=rule_state.gradients * factor)  # fmt: skip
+
+    def _watched_state(self, rule_state: replica_rule.ReplicaState) -> tuple[Array | None, ...]:
+        """The replicas and the momenta; not the energies, gradients and their statistics (they grow with ``N``) nor
+        the ladder."""
+        return (rule_state.replicas, rule_state.momentum, rule_state.replica_momentum)
+
+    def progress(self, state: ChainState[replica_rule.ReplicaState]) -> dict[str, Any]:
+        """The base items, the cold pair's last swap probability and the hottest temperature over ``τ``."""
+        rule = state.rule_state
+        return {**super().progress(state), "swap": f"{float(rule.swap_probability[0]):.2f}",
+                "τ_max": f"{float(rule.ladder[-1]):.3g}"}  # fmt: skip
+
+
+def _ladder(temperatures: Any, kernel: str) -> tuple[float, ...]:  # Any: the user's value, before its check
+    """``temperatures`` checked: at least 2 finite numbers, the first 1, increasing."""
+    try:
+        ladder = tuple(float(t) for t in temperatures)
+    except (TypeError, ValueError):
+        ladder = ()
+    if len(ladder) < 2 or ladder[0] != 1.0 or any(b <= a for a, b in zip(ladder, ladder[1:])) or not all(
+        math.isfinite(t) for t in ladder
+    ):
+        raise ValueError(
+            f"{kernel}: `temperatures` must be the ladder τ_k/τ of at least 2 replicas: finite numbers starting at 1 "
+            f"and increasing, e.g. (1, 3, 9); got {temperatures!r}. Or leave it None to adapt the ladder in the warm-up."
+        )
+    return ladder
+
+
+class ReSGHMC(_SGHMCMoves[replica_rule.ReplicaState], ReSGLD):
+    """Replica-exchange SGHMC (Deng, Feng, Gao, Liang & Lin, ICML 2020): the replicas and swaps of :class:`ReSGLD`,
+    each replica moved by the SGHMC integrator of :class:`SGHMC` (identity mass, friction ``A``) at its temperature.
+    The swap is decided on the energies at the points where the step takes its gradients (``θ + (h/2) p`` for the
+    splitting integrator, ``θ + h p`` for Euler) and exchanges those points; the momenta stay with their temperatures.
+
+    :param friction: ``A > 0`` (default 1.0), also the injected noise's diffusion.
+    :param integrator: ``"splitting"`` (default) or ``"euler"``.
+
+    The replica arguments are those of :class:`ReSGLD`.
+    """
+
+    def noise_scale(self, rule_state: replica_rule.ReplicaState, i: StepIndex, position: Array) -> Scalar:
+        """``1/A``: the injected noise's variance is ``2Ahτ``."""
+        return cast(Scalar, 1 / self.hyperparameters_at(i)["friction"])

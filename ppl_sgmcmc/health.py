@@ -214,10 +214,12 @@ def update(
     restarts: Any = 0,
     preconditioner_change: Any = float("nan"),
     new_window: Any = True,
+    exploring: Any = False,
 ) -> HealthState:
     """``state`` after the checks of :func:`check` at step ``i``, the frozen-chain check (the position
     moved by less than :data:`FROZEN_TOLERANCE` relative to its magnitude since the anchor, at least
-    :data:`FROZEN_STEPS` steps ago) and the preconditioner check (``preconditioner_change``, the largest
+    :data:`FROZEN_STEPS` steps ago; not where ``exploring``: a cyclical kernel's exploration stage is an optimiser's
+    descent, which may settle at a mode exactly) and the preconditioner check (``preconditioner_change``, the largest
     factor by which a rule's changing preconditioner changed since the anchor, above
     :data:`PRECONDITIONER_CHANGE`; NaN: not measured): failed checks are added to ``flags``, each kind's row of
     ``values`` is kept from its first failure and, with ``new_window`` (a bool, or a boolean array), the anchor
@@ -241,6 +243,7 @@ def update(
     since = steps - state.anchor_step
     moved = xp.max(xp.abs(position - state.anchor))
     frozen = (since >= FROZEN_STEPS) & (moved <= FROZEN_TOLERANCE * (1 + xp.max(xp.abs(state.anchor))))
+    frozen = frozen & ~xp.asarray(exploring, dtype=xp.bool, device=device(position))
     change = xp.asarray(preconditioner_change, dtype=position.dtype, device=device(position))
     flags = xp.concat([flags, xp.stack([frozen, change > PRECONDITIONER_CHANGE])])
     values = xp.concat([values, xp.stack([since, change])])

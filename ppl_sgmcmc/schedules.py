@@ -17,11 +17,12 @@ References:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax.numpy as jnp
 import optax
 
-__all__ = ["constant", "cyclical", "polynomial"]
+__all__ = ["constant", "cosine_cycle", "cyclical", "polynomial"]
 
 
 def constant(step_size: float) -> optax.Schedule:
@@ -78,4 +79,23 @@ def cyclical(step_size: float, num_steps: int, num_cycles: int) -> optax.Schedul
     if not (isinstance(num_cycles, int) and 0 < num_cycles <= num_steps):
         raise ValueError(f"cyclical schedule: need 0 < num_cycles <= num_steps, got {num_cycles} and {num_steps}.")
     cycle_length = math.ceil(num_steps / num_cycles)
-    return lambda t: step_size / 2 * (jnp.cos(jnp.pi * (t % cycle_length) / cycle_length) + 1)
+    return lambda t: step_size * cosine_cycle((t % cycle_length) / cycle_length, jnp)
+
+
+def cosine_cycle(r: Any, xp: Any = math) -> Any:
+    """The cosine cycle's factor at the position ``r ∈ [0, 1)`` in the cycle: ``(cos(π r) + 1)/2``, computed as
+    ``cos²(π r / 2)``, which stays positive in single precision up to the cycle's last step (``cos(π r) + 1``
+    rounds to 0 there in ``float32`` for cycles of some thousand steps: a step size of 0).
+
+    :param r: the position, a number or an array.
+    :param xp: the array namespace of ``r`` (default :mod:`math`, for a number).
+
+    **Example**::
+
+        >>> [round(cosine_cycle(r), 4) for r in (0.0, 0.25, 0.5, 0.75)]
+        [1.0, 0.8536, 0.5, 0.1464]
+        >>> import numpy as np
+        >>> bool(cosine_cycle(np.float32(1 - 1e-4), np) > 0)
+        True
+    """
+    return xp.cos(math.pi / 2 * r) ** 2

@@ -53,8 +53,8 @@ def pytest_configure(config):
         path = workerinput[_OWN_DIR_KEY]  # the controller's
     else:
         path = _owned_dir = tempfile.mkdtemp(prefix="ppl-sgmcmc-jax-cache-")
-    if workerinput is None and getattr(config.option, "dist", "no") != "no":
-        return  # the pytest-xdist controller runs no test: it need not import JAX
+    if workerinput is None and getattr(config.option, "dist", "no") != "no" and getattr(config.option, "tx", None):
+        return  # the pytest-xdist controller runs no test: it need not import JAX (`--dist` alone, no `-n`: no controller)
     _configure_jax_cache(path)
 
 

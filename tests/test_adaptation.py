@@ -469,3 +469,49 @@ def test_adapt_step_vmap_and_torch_agree() -> None:
                                    rtol=1e-4, atol=1e-6)  # fmt: skip
         np.testing.assert_allclose(float(t_state.step_size), float(states.step_size[c]), rtol=1e-5)
         assert int(t_state.window_index) == int(states.window_index[c]) == len(schedule)
+
+
+# --- the noise's axes ---------------------------------------------------------------------------------------
+def _noise_with_a_silent_plane(rng: np.random.Generator, m: int = 64) -> np.ndarray:
+    """``m`` gradients in 5 coordinates whose noise is correlated and leaves a plane without any noise (as a
+    hierarchical model's hyperparameters under a dense metric)."""
+    mixing = rng.normal(size=(3, 5))
+    return (rng.normal(size=(m, 3)) @ mixing).astype(np.float32)
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_align_noise_diagonalises_the_noise_and_keeps_the_metric(backend: str) -> None:
+    rng = np.random.default_rng(7)
+    grads = _noise_with_a_silent_plane(rng)
+    L = np.linalg.cholesky(np.eye(5) + 0.3)  # a dense metric
+    def xp_array(a: np.ndarray) -> object:
+        return jnp.asarray(a, jnp.float32) if backend == "jax" else torch.tensor(a, dtype=torch.float32)
+
+    pre = ad.Preconditioner(xp_array(L), xp_array(np.linalg.inv(L)))
+    aligned = ad.align_noise(pre, xp_array(grads))
+    scale, inverse = as_np(aligned.scale), as_np(aligned.inverse)
+    np.testing.assert_allclose(scale @ scale.T, L @ L.T, atol=1e-4)  # the metric is unchanged
+    np.testing.assert_allclose(scale @ inverse, np.eye(5), atol=1e-4)
+    Q = np.linalg.inv(L) @ scale  # the rotation, orthogonal
+    np.testing.assert_allclose(Q.T @ Q, np.eye(5), atol=1e-4)
+    noise = np.cov(grads @ Q, rowvar=False)  # the gradients in the new coordinates: u' = Qᵀu, g' = Qᵀg
+    off = noise - np.diag(np.diag(noise))
+    assert np.max(np.abs(off)) < 1e-3 * np.max(np.diag(noise)), noise
+    before = np.cov(grads, rowvar=False)
+    assert np.max(np.abs(before - np.diag(np.diag(before)))) > 0.3 * np.max(np.diag(before))  # it was correlated
+
+
+def test_align_noise_is_continuous_in_the_gradients() -> None:
+    """A rounding-level change of the gradients (as between rows sharded over devices or not) leaves the axes
+    where they were, also in the plane without noise, where only the tie-break decides them."""
+    rng = np.random.default_rng(8)
+    grads = _noise_with_a_silent_plane(rng)
+    nudged = grads * (1 + 1e-6 * rng.normal(size=grads.shape)).astype(np.float32)
+    pre = ad.identity(5, dense=True, like=jnp.zeros(5, jnp.float32))
+    first, second = (as_np(ad.align_noise(pre, jnp.asarray(g)).scale) for g in (grads, nudged))
+    np.testing.assert_allclose(np.abs(first), np.abs(second), atol=1e-3)  # eigenvectors up to their signs
+
+
+def test_align_noise_needs_a_dense_preconditioner() -> None:
+    with pytest.raises(ValueError, match="dense preconditioner"):
+        ad.align_noise(ad.identity(2, dense=False, like=jnp.zeros(2)), jnp.ones((8, 2)))

@@ -130,6 +130,7 @@ def test_every_rendered_copy_has_a_source_notebook():
     assert not orphans, f"rendered copies of notebooks that are no longer in notebooks/: {orphans}; delete them"
 
 
+@pytest.mark.slow
 def test_site_builds_in_strict_mode_and_documents_the_public_api(tmp_path):
     for package in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "mkdocs_jupyter"):
         reason = f"the documentation tools are not installed (`pip install -e '.[docs]'`): no {package}"

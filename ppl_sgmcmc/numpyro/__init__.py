@@ -14,9 +14,13 @@ from ppl_sgmcmc.numpyro.kernels import (
     SGRLD,
     ContourState,
     Recipe,
+    ReplicaState,
+    ReSGHMC,
+    ReSGLD,
     Santa,
 )
 from ppl_sgmcmc.numpyro.mcmc import MCMC
+from ppl_sgmcmc.numpyro.posterior_predictive import PredictiveSummary, batched_predictive
 from ppl_sgmcmc.numpyro.scores import full_data_score
 
 __all__ = [
@@ -25,7 +29,11 @@ __all__ = [
     "ContourState",
     "MCMC",
     "PSGLD",
+    "PredictiveSummary",
+    "ReSGHMC",
+    "ReSGLD",
     "Recipe",
+    "ReplicaState",
     "SGFS",
     "SGHMC",
     "SGLD",
@@ -34,6 +42,7 @@ __all__ = [
     "SGNHT",
     "SGRLD",
     "Santa",
+    "batched_predictive",
     "full_data",
     "full_data_log_likelihood",
     "full_data_score",

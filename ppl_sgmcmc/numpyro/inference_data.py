@@ -158,6 +158,9 @@ def to_inference_data(
     - ``sample_stats.lp`` (ArviZ's name for ``-potential_energy``) is renamed ``minibatch_lp``: it is
       the noisy minibatch estimate ``-Ũ_t``, not the log density.
     - ``sample_stats.diverging`` marks the rejected non-finite steps among the collected draws.
+    - A cyclical kernel's (``cycle_length``) draws are those of the sampling stages only, also from a
+      ``numpyro.infer.MCMC`` run (``sample_stats.i``, the step counts, tells them apart; see
+      :class:`~ppl_sgmcmc.algorithms.Cycles`).
 
     Other keyword arguments go to :func:`arviz.from_numpyro` (``coords``, ``dims``,
     ``posterior_predictive=`` :func:`predictive` ``(mcmc, key, X)``, ...).
@@ -199,7 +202,7 @@ def to_inference_data(
         dims = {name: list(observed[name].dims) for name in pointwise}
         coords = {dim: observed[dim].values for name in pointwise for dim in observed[name].dims}
         idata.add_groups(log_likelihood=az.dict_to_dataset(pointwise, library=numpyro, dims=dims, coords=coords))
-    return idata
+    return mcmc.sampler.sampling_stage_only(idata)
 
 
 def predictive(

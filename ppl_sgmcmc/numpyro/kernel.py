@@ -147,6 +147,30 @@ def _check_host_platform(kernel):
         ) from None
 
 
+#: Which step the kernels compile. ``"accelerator"``: the step after the warm-up has no branch on device data and no
+#: host call (on a GPU, XLA copies a conditional's predicate to the host and the device waits for it at every step):
+#: the health checks are evaluated at every step and kept where due (selects), a rejected step's momentum is redrawn
+#: by a select, and :class:`ppl_sgmcmc.numpyro.MCMC` compiles the steps after the warm-up without the warm-up's
+#: adaptation and draws its progress bar once per chunk of draws. ``"cpu"``: rarely taken branches, which cost
+#: less than the work they skip on the CPU. ``None`` (the default): ``"accelerator"`` when the model's data (else
+#: JAX's default backend) is not on the CPU; decided when a chain starts (:meth:`SGMCMCKernel.init`).
+STEP_PATH: str | None = None
+
+
+def _accelerator_step(arrays: Any) -> bool:
+    """Whether a chain started with the model arguments ``arrays`` compiles the accelerator step (see
+    :data:`STEP_PATH`)."""
+    if STEP_PATH is not None:
+        if STEP_PATH not in ("accelerator", "cpu"):
+            raise ValueError(f"ppl_sgmcmc.numpyro.kernel.STEP_PATH is {STEP_PATH!r}; set it to 'accelerator', 'cpu' "
+                             "or None (by the data's device).")  # fmt: skip
+        return STEP_PATH == "accelerator"
+    for leaf in jax.tree.leaves(arrays):
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            return next(iter(leaf.devices())).platform != "cpu"
+    return jax.default_backend() != "cpu"
+
+
 def _all_finite(tree):
     """Whether every entry of every leaf is finite, by one reduction: a sum is finite only if its terms are."""
     return jnp.isfinite(sum(jnp.sum(x) for x in jax.tree.leaves(tree)))
@@ -225,6 +249,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     _last_step: int | None = None  # set by `ppl_sgmcmc.numpyro.MCMC`: the step count at the end of its run
     # steps whose streamed rows are read ahead at once (a model under `streaming.streamed`), else None
     _stream_block = None
+    _accelerated = False  # whether the chain compiles the accelerator step (`STEP_PATH`), set by `init`
+    _after_warmup = False  # set while a step is traced for steps after the warm-up only (`_traced_after_warmup`)
 
     # --- numpyro.infer.MCMCKernel ------------------------------------------------------------
     @property
@@ -476,6 +502,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         with model_errors(name, "computing the first stochastic gradient"):
             state = jax.jit(init_one)(init_params, rng_key, data)
         self._vectorized = vectorized
+        self._accelerated = _accelerator_step((model_args, model_kwargs, init_params))
         self._sample_fn = vmap(self._sample_one, in_axes=(0, None, None)) if vectorized else self._sample_one
         self._health = health.Reporter(name)
         self.__dict__.setdefault("_final_checks", {})  # report_health's checks, compiled per warm-up length
@@ -533,6 +560,17 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         with _TRACING:  # the model runs here only while the step is traced: one thread at a time
             state = self._sample_fn(state, model_args, model_kwargs)
         return self._update_health(state, before)
+
+    @contextlib.contextmanager
+    def _traced_after_warmup(self):
+        """While open, :meth:`sample` is traced for steps after the warm-up only: without the warm-up's adaptation
+        (and its branch on the step count). :class:`ppl_sgmcmc.numpyro.MCMC` traces its draws after the warm-up so
+        on the accelerator step (:data:`STEP_PATH`)."""
+        self._after_warmup = True
+        try:
+            yield
+        finally:
+            self._after_warmup = False
 
     def _check_static(self, model_args, model_kwargs):
         """A model argument that was a Python number at :meth:`init` (it may be a shape, e.g. a plate's
@@ -605,6 +643,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 state.health, state.i, state.num_diverging, state.step_size, ravel_pytree(state.z)[0],
                 self._watched_state(state.rule_state), self._measured_ratio(state), self.noise_ratio_limit,
                 state.adapt_state.restarts if self.adapts else 0, self._measured_change(state.health), new_window,
+                self._exploring(state.i),
             )  # fmt: skip
 
         return (vmap(update) if jnp.ndim(state.i) else update)(state)
@@ -617,7 +656,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         run never calls the host); and, under :class:`ppl_sgmcmc.numpyro.MCMC` with a progress bar, the bar's
         host callback when it is due. Both sit in one branch, taken when either is due, so that a step pays for
         one rarely taken branch. The branch is taken for all chains at once (they count steps together), so that
-        vectorised chains do not pay for the checks at every step."""
+        vectorised chains do not pay for the checks at every step. On the accelerator step (:data:`STEP_PATH`) under
+        :class:`ppl_sgmcmc.numpyro.MCMC` there is no branch: the checks run at every step and are kept where due
+        (a select); that driver reports after the run and draws its bar between chunks of draws."""
         first = (lambda x: x[0]) if self._vectorized else (lambda x: x)
         new_window = health.passed_power_of_two(first(before), first(state.i))
 
@@ -641,6 +682,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         health_due = health.passed_check(first(before), first(state.i))
         if self._last_step is not None:  # `ppl_sgmcmc.numpyro.MCMC`'s run: its last step is checked too
             health_due = health_due | (first(state.i) == self._last_step)
+        if self._accelerated and self._reports_after_run:  # no branch: checked at every step, kept where due
+            # (`ppl_sgmcmc.numpyro.MCMC` reports after the run and draws its bar per chunk of draws)
+            checked_health = self._checked_health(state, new_window)
+            return state._replace(health=jax.tree.map(partial(jnp.where, health_due), checked_health, state.health))
         if self._progress is None:
             return lax.cond(health_due, checked, lambda s: s, state)
         bar_due = self._progress.due(state)
@@ -705,13 +750,14 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             pre, _ = self._laplace(warmup.hessian_diagonal(gradient, batches, flat, key_diagonal)[0])
             laplace = pre, warmup.largest_curvature(gradient, batches, flat, pre.scale, key_power)
         if self._tune:
-            rows = adaptation.PROBE_BATCHES * max((n for _, n in getattr(target, "plate_sizes", {}).values()), default=1)
+            n = max((n for _, n in getattr(target, "plate_sizes", {}).values()), default=1)
+            rows = self._probe_batches(flat.shape[0]) * n
             probe = warmup.probe(gradient, target.epoch(key_probe, rows), flat)
         batch, batch_state = target.draw(key_draw, batch_state)
         first = gradient(flat, batch)
         if self._stream_block is not None:
             batch_state = target.init_block(batch_state)
-        rule_state = self.rule_init(flat, random.normal(key_noise, flat.shape, flat.dtype))
+        rule_state = self.rule_init(flat, random.normal(key_noise, self.noise_shape(flat.shape[0]), flat.dtype))
         adapt_state, rule_state = self._initial_adaptation(flat, laplace, probe, rule_state, first.energy)
         step_size = jnp.asarray(self.step_size_in(adapt_state, 0), flat.dtype)
         return self.state_type(
@@ -781,7 +827,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             lambda x: self._target.gradient(x, self._unravel, batch, model_args, model_kwargs),
             state.i,
         )
-        noise_draw = random.normal(prng.unrolled(key_noise), flat.shape, flat.dtype)
+        noise_draw = random.normal(prng.unrolled(key_noise), self.noise_shape(flat.shape[0]), flat.dtype)
         step_size = jnp.asarray(self.step_size_in(state.adapt_state, state.i), flat.dtype)
         new_flat, rule_state, gradient, at_start = self._move(
             flat, state.rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state
@@ -798,7 +844,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         keep = partial(jnp.where, finite)
         kept_rule_state = state.rule_state
         like = jax.ShapeDtypeStruct(flat.shape, flat.dtype)  # of a normal draw made in a branch only
-        if has_momentum(kept_rule_state):  # a rejected step redraws the momentum that made it diverge
+        if has_momentum(kept_rule_state) and self._accelerated:  # the redraw, kept where the step was rejected
+            refreshed = refresh_momentum(kept_rule_state, _refresh_noise(key_noise, like), self.temperature_at(state.i))
+            kept_rule_state = jax.tree.map(keep, kept_rule_state, refreshed)
+        elif has_momentum(kept_rule_state):  # a rejected step redraws the momentum that made it diverge
             kept_rule_state = warmup.when(
                 ~finite,
                 lambda rule_state, args: refresh_momentum(
@@ -811,7 +860,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         rule_state = jax.tree.map(keep, rule_state, kept_rule_state)
         noise_state, term, valid = self._measure_noise(state.noise, gradient, rule_state, finite, state.i, flat)
         adapt_state = state.adapt_state
-        if self.adapts:
+        if self.adapts and not self._after_warmup:
             adapt_state, noise_state, rule_state, new_flat = warmup.when(
                 state.i < self._num_warmup_steps,
                 # the restart's momentum is drawn in the branch: a d-vector of normals per step otherwise

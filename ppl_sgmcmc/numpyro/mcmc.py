@@ -17,7 +17,7 @@ kernels that are not SG-MCMC kernels, :class:`MCMC` is NumPyro's ``MCMC`` unchan
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +87,7 @@ class MCMC(numpyro.infer.MCMC):
         self.last_verdict = None
         kernel._reports_after_run = True  # no health callback in the compiled loop: see `report_health` below
         kernel._judged_after_run = True
+        kernel._keeps_sampling_stage = True  # `get_samples` leaves a cyclical kernel's exploration draws out
         # a run from the start checks its last step in the loop; a resumed chain's last step would make each of its
         # runs a new program (the persistent cache would miss), so its final state is checked after the run
         last_step = None if self._warmup_state is not None else self._steps()[1] * kernel._steps_per_sample
@@ -95,6 +96,7 @@ class MCMC(numpyro.infer.MCMC):
             self._run(kernel, rng_key, *args, extra_fields=extra_fields, init_params=init_params, **kwargs)
         finally:
             kernel._reports_after_run, kernel._judged_after_run, kernel._last_step = False, False, None
+            kernel._keeps_sampling_stage = False
         state = self.last_state
         if last_step is not None and np.all(np.asarray(state.i) == last_step):  # what the loop recorded
             kernel._health.report(state.health.flags, state.health.values)
@@ -109,10 +111,53 @@ class MCMC(numpyro.infer.MCMC):
         """Whether the run's draws get the end-of-run verdict: asked for, a sampler's draws of a latent dict (not
         an optimiser's, nor a custom ``postprocess_fn``'s) holding every latent site (``extra_fields=("~z.a",)``
         leaves one out), enough of them, not the warm-up's."""
-        draws = self.num_samples // self.thinning
+        draws = len(self._sampling_stage()) if kernel.cycles is not None else self.num_samples // self.thinning
         return (self.verdict and kernel.samples_posterior and phase != "warmup" and self.postprocess_fn is None
                 and isinstance(self.last_state.z, Mapping) and draws >= _verdict.MIN_DRAWS
                 and set(self.get_samples()) >= set(self.last_state.z))  # fmt: skip
+
+    def get_samples(self, group_by_chain: bool = False) -> Any:
+        """:meth:`numpyro.infer.MCMC.get_samples`; of a cyclical kernel (``cycle_length``), only the draws of the
+        cycles' sampling stages (:meth:`~ppl_sgmcmc.algorithms.Algorithm.sampling_stage`), which
+        ``print_summary``, ArviZ and the verdict then read.
+
+        **Example** (cycles of 10 draws, 3 exploring: 28 of 40 draws are kept)::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import MCMC, SGLD
+            >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1, cycle_length=10,
+            ...               exploration_fraction=0.3)
+            >>> mcmc = MCMC(kernel, num_warmup=20, num_samples=40, progress_bar=False, verdict=False)
+            >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones(2)})
+            >>> mcmc.get_samples()["x"].shape, mcmc.get_extra_fields()["i"][:3].tolist()
+            ((28, 2), [24, 25, 26])
+        """
+        return self._kept(super().get_samples(group_by_chain=True), group_by_chain)
+
+    def get_extra_fields(self, group_by_chain: bool = False) -> dict:
+        """:meth:`numpyro.infer.MCMC.get_extra_fields`, of the draws :meth:`get_samples` keeps."""
+        return self._kept(super().get_extra_fields(group_by_chain=True), group_by_chain)
+
+    def _sampling_stage(self) -> np.ndarray:
+        """The indices of the collected draws that a cyclical kernel's sampling stages made (from the first chain's
+        recorded step counts: every chain's are the same)."""
+        counts = super().get_extra_fields(group_by_chain=True).get("i")
+        if counts is None:  # `extra_fields` that exclude it: the step counts are needed to tell the stages
+            raise ValueError(
+                f"{self.sampler.name}: the run did not collect the step count `i` of its draws, which tells a cyclical "
+                "kernel's exploration draws from its sampling draws; leave it among the collected fields."
+            )
+        return np.flatnonzero(self.sampler.sampling_stage(np.asarray(counts)[0]))
+
+    def _kept(self, grouped: Any, group_by_chain: bool) -> Any:
+        """``grouped`` (``(chains, draws, ...)`` leaves) with only the sampling stages' draws of a cyclical kernel,
+        the chains' draws flattened into one axis unless ``group_by_chain``."""
+        if isinstance(self.sampler, SGMCMCKernel) and self.sampler.cycles is not None:
+            index = self._sampling_stage()
+            grouped = jax.tree.map(lambda x: x[:, index], grouped)
+        if group_by_chain:
+            return grouped
+        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), grouped)
 
     def _steps(self) -> tuple[int, int]:
         """``(the step count at the run's start, the draws the run makes)``: NumPyro's collection range for a run
@@ -142,12 +187,13 @@ class MCMC(numpyro.infer.MCMC):
         size = (upper - lower) // thinning if size is None else size // thinning
         # one loop for the run's chains (chain_method="sequential" calls this once per chain); none kept when
         # traced (chain_method="parallel": `pmap` traces this), as NumPyro keeps none
+        accelerated = _Accelerated.of(kernel, self._steps()[0], upper)
         key = ("ppl_sgmcmc: collection loop", sample_fn, postprocess_fn, collect_fields, remove_sites, lower, upper,
-               thinning, size)  # fmt: skip
+               thinning, size, accelerated)  # fmt: skip
         loop = None if isinstance(rng_key, jax.core.Tracer) else self._cache.get(key)
         if loop is None:
             transform = _collect_and_postprocess(postprocess_fn, collect_fields, remove_sites)
-            loop = _collection_loop(sample_fn, transform, lower, upper, thinning, size)
+            loop = _collection_loop(sample_fn, transform, lower, upper, thinning, size, accelerated)
             if not isinstance(rng_key, jax.core.Tracer):
                 self._cache[key] = loop
         init_val = (init_state, args, kwargs) if self._jit_model_args else (init_state,)
@@ -197,10 +243,37 @@ def _collect_and_postprocess(postprocess_fn: Any, collect_fields: tuple, remove_
     return collect_and_postprocess
 
 
-def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thinning: int, size: int) -> Any:
+class _Accelerated(NamedTuple):
+    """How the collection loop runs the accelerator step (:data:`ppl_sgmcmc.numpyro.kernel.STEP_PATH`): its first
+    ``warmup_calls`` calls as traced for the warm-up, the others traced after it (without the adaptation's branch);
+    with a progress bar, the bar's host call after every ``chunk`` calls (a loop of loops: no branch per step)."""
+
+    warmup_calls: int
+    after_warmup: Any  # the kernel's `_traced_after_warmup`
+    show: Any  # the bar's `show`, or None
+    chunk: int
+
+    @classmethod
+    def of(cls, kernel: SGMCMCKernel, start_step: int, upper: int) -> _Accelerated | None:
+        """For ``kernel``'s run of ``upper`` calls from step ``start_step``; ``None`` on the CPU step."""
+        if not kernel._accelerated:
+            return None
+        warmup_calls = 0
+        if kernel.adapts:  # the calls that end at or before the warm-up's last step
+            left = kernel._num_warmup_steps - start_step
+            warmup_calls = min(upper, max(0, -(-left // kernel._steps_per_sample)))
+        bar = kernel._progress
+        return cls(warmup_calls, kernel._traced_after_warmup, None if bar is None else bar.show,
+                   0 if bar is None else bar.rate)  # fmt: skip
+
+
+def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thinning: int, size: int,
+                     accelerated: _Accelerated | None = None) -> Any:
     """``loop(init_val) -> (collection, last_val)``, compiled: ``upper`` calls of ``sample_fn`` from ``init_val``, and
     ``transform`` of every ``thinning``-th value from call ``lower`` on stored in ``size`` rows, as NumPyro's
-    ``fori_collect(..., progbar=False)`` collects them (the same calls and draws)."""
+    ``fori_collect(..., progbar=False)`` collects them (the same calls and draws). With ``accelerated``
+    (:class:`_Accelerated`), the calls after the warm-up are traced without its adaptation, and a progress bar is
+    drawn after each chunk of calls."""
     start = lower + (upper - lower) % thinning
 
     def _collect_draws(init_val: Any) -> Any:
@@ -215,7 +288,33 @@ def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thi
             idx = jnp.where(i >= start, (i - start) // thinning, size)
             return val, jax.tree.map(lambda rows, new: rows.at[idx].set(new, mode="drop"), collection, transform(val))
 
-        last_val, collection = lax.fori_loop(0, upper, body, (init_val, collection))
+        if accelerated is None:
+            last_val, collection = lax.fori_loop(0, upper, body, (init_val, collection))
+            return collection, last_val
+
+        def calls(a: int, b: int, carry: tuple) -> tuple:
+            """Calls ``a`` to ``b - 1``: loops of static length (no branch on device data), the bar drawn after
+            each chunk."""
+            if accelerated.show is None:
+                return lax.fori_loop(a, b, body, carry)
+
+            def run(base: Any, length: int, carry: tuple) -> tuple:
+                carry = lax.fori_loop(0, length, lambda j, carry: body(base + j, carry), carry)
+                accelerated.show(carry[0][0])
+                return carry
+
+            chunks, rest = divmod(b - a, accelerated.chunk)
+            carry = lax.fori_loop(0, chunks, lambda c, carry: run(a + c * accelerated.chunk, accelerated.chunk, carry),
+                                  carry)  # fmt: skip
+            return run(a + chunks * accelerated.chunk, rest, carry) if rest else carry
+
+        carry, split = (init_val, collection), accelerated.warmup_calls
+        if split > 0:
+            carry = calls(0, split, carry)
+        if split < upper:
+            with accelerated.after_warmup():
+                carry = calls(split, upper, carry)
+        last_val, collection = carry
         return collection, last_val
 
     return jax.jit(_collect_draws)
@@ -251,11 +350,14 @@ class _Bar:
         return (draws % self.rate == 0) | (draws == self.total)
 
     def show_if(self, due: Any, state: Any) -> None:
-        """In the compiled step: call :meth:`_show` with the first chain's state if ``due``. Only the fields
-        the diagnostics string reads travel to the host."""
+        """In the compiled step: :meth:`show` if ``due`` (a branch; the CPU step's)."""
+        lax.cond(due, self.show, lambda s: None, state)
+
+    def show(self, state: Any) -> None:
+        """In the compiled loop: call :meth:`_show` with the first chain's state. Only the fields the diagnostics
+        string reads travel to the host."""
         first = jax.tree.map(lambda x: x[0], state) if self.kernel._vectorized else state
-        first = first._replace(**dict.fromkeys(_NOT_SHOWN))
-        lax.cond(due, lambda s: io_callback(self._show, None, s, ordered=False), lambda s: None, first)
+        io_callback(self._show, None, first._replace(**dict.fromkeys(_NOT_SHOWN)), ordered=False)
 
     def _show(self, state: Any) -> None:
         draws = min((int(state.i) - self.start) // self.kernel._steps_per_sample, self.total)

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, random, vmap
+from numpyro.contrib.module import ParamShape
 from numpyro.distributions.distribution import MaskedDistribution
 from numpyro.distributions.transforms import biject_to
 from numpyro.handlers import seed, substitute, trace
@@ -249,6 +250,8 @@ class _ModelRecorder(Messenger):
         super().__init__(fn)
 
     def process_message(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "mutable":
+            raise _model_checks.mutable_state(msg["name"], self.kernel_name)
         if msg["type"] == "plate":
             size, n = msg["args"]
             if n is not None:
@@ -362,6 +365,24 @@ class _one_index(Messenger):
 
 
 
+def _fixed_parameters(name: str, value: Any, sites: Mapping[str, Any]) -> bool:
+    """Whether the ``param`` site ``name`` holds parameters no sample site draws: a plain ``numpyro.param``, the
+    parameters of ``numpyro.contrib.module``'s ``flax_module``/``nnx_module``/``eqx_module``, or those a
+    ``random_flax_module``/``random_nnx_module`` prior leaves out. The ``random_*_module`` helpers keep the
+    module's parameters in a ``"{module}$params"`` site: flax's and nnx's replace each parameter they sample by
+    a ``ParamShape``; equinox's keep the arrays and sample every parameter into ``"{module}/..."`` sites."""
+    leaves = jax.tree.leaves(value, is_leaf=lambda x: isinstance(x, ParamShape))
+    arrays = [leaf for leaf in leaves if not isinstance(leaf, ParamShape)]
+    if not arrays:
+        return False
+    if len(arrays) < len(leaves):  # random_flax_module / random_nnx_module with a prior for some parameters
+        return True
+    module = name.removesuffix("$params")
+    return module == name or not any(
+        other.startswith(module + "/") and site["type"] == "sample" for other, site in sites.items()
+    )
+
+
 class ModelTarget:
     """The subsampled potential of a NumPyro model (see the module docstring).
 
@@ -433,6 +454,8 @@ class ModelTarget:
 
     def _check_sites(self, model_trace: Mapping[str, dict[str, Any]]) -> None:
         for name, site in model_trace.items():
+            if site["type"] == "param" and _fixed_parameters(name, site["value"], model_trace):
+                raise _model_checks.fixed_parameter(name, self.kernel_name, "numpyro")
             if site["type"] != "sample" or site["is_observed"]:
                 continue
             if site["fn"].support.is_discrete:

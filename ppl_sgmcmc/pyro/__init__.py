@@ -26,8 +26,12 @@ from ppl_sgmcmc.pyro.kernels import (
     SGRLD,
     ContourState,
     Recipe,
+    ReplicaState,
+    ReSGHMC,
+    ReSGLD,
     Santa,
 )
+from ppl_sgmcmc.pyro.posterior_predictive import PredictiveSummary, batched_predictive
 from ppl_sgmcmc.pyro.scores import full_data_score
 
 __all__ = [
@@ -37,7 +41,11 @@ __all__ = [
     "ContourState",
     "FullDataModel",
     "PSGLD",
+    "PredictiveSummary",
+    "ReSGHMC",
+    "ReSGLD",
     "Recipe",
+    "ReplicaState",
     "SGFS",
     "SGHMC",
     "SGLD",
@@ -46,6 +54,7 @@ __all__ = [
     "SGNHT",
     "SGRLD",
     "Santa",
+    "batched_predictive",
     "full_data",
     "full_data_log_likelihood",
     "full_data_score",

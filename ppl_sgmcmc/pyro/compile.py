@@ -268,5 +268,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if b.numel() == 0:
         return True
+    if b.dtype == torch.bool:
+        return a.dtype == torch.bool and torch.equal(a, b)
     scale = float(torch.nan_to_num(b.abs(), nan=0.0, posinf=0.0).max())
     return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * (1.0 + scale), equal_nan=True))

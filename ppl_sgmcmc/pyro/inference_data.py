@@ -295,6 +295,9 @@ def to_inference_data(
       them out), which :mod:`ppl_sgmcmc.importance` reads.
     - A kernel built from ``potential_fn`` has no model: the result has ``posterior`` and
       ``sample_stats`` only.
+    - A cyclical kernel's (``cycle_length``) draws are those of the sampling stages only (``sample_stats.i``,
+      the step counts, tells them apart; see :class:`~ppl_sgmcmc.algorithms.Cycles`): ``mcmc.get_samples()``
+      holds the exploration stages' draws too.
 
     Other keyword arguments go to :func:`arviz.from_pyro` (``coords``, ``dims``,
     ``posterior_predictive=`` :func:`predictive` ``(mcmc, X)``, ...).
@@ -322,7 +325,7 @@ def to_inference_data(
             {name: (("chain", "draw"), values) for name, values in stats.items()}
         )
     if mcmc.kernel.model is None:
-        return idata
+        return mcmc.kernel.sampling_stage_only(idata)
     sites = _sites(mcmc)
     names = list(sites.observed)
     if "observed_data" in idata.groups():
@@ -348,7 +351,7 @@ def to_inference_data(
                     dims[name] = list(observed[name].dims)
                     coords.update({dim: observed[dim].values for dim in observed[name].dims if dim in observed.coords})
         idata.add_groups(log_likelihood=az.dict_to_dataset(pointwise, library=pyro, dims=dims, coords=coords or None))
-    return idata
+    return mcmc.kernel.sampling_stage_only(idata)
 
 
 def predictive(

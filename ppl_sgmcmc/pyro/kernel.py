@@ -121,19 +121,51 @@ def _floating(flat: torch.Tensor) -> torch.Tensor:
     return flat if flat.is_floating_point() else flat.to(torch.get_default_dtype())
 
 
+#: How the step after the warm-up runs. ``"accelerator"``: with no host synchronisation between two draws (on a
+#: GPU, ``bool(tensor)``, ``float(tensor)``, ``.item()`` and a copy from pageable host memory each make the host wait
+#: for the device): a non-finite step is rejected by selects (``torch.where``) inside the compiled step, whose
+#: counters stay on the device until the draw ends; a rejected step's momentum is the one drawn at every step from a
+#: stream of its own (the chain's other draws are those of the ``"cpu"`` step); the minibatch indices and the
+#: normal draws come from a ``torch.Generator`` on the data's device (on a GPU, another stream than the CPU's: the
+#: same chain in distribution, not draw for draw). ``"cpu"``: the step branches on a rejection, which costs nothing
+#: there, and redraws the momentum from the chain's generator only then. ``None`` (the default): ``"accelerator"``
+#: when the chain's position is not on the CPU; decided at :meth:`SGMCMCKernel.setup`. Only the compiled step (after
+#: the warm-up, see ``compile_potential``) is free of host synchronisation; the warm-up's steps are not.
+STEP_PATH: str | None = None
+
+
+def _accelerator_step(device: torch.device) -> bool:
+    """Whether a chain whose position lives on ``device`` takes the accelerator step (see :data:`STEP_PATH`)."""
+    if STEP_PATH is not None:
+        if STEP_PATH not in ("accelerator", "cpu"):
+            raise ValueError(f"ppl_sgmcmc.pyro.kernel.STEP_PATH is {STEP_PATH!r}; set it to 'accelerator', 'cpu' "
+                             "or None (by the device of the chain's position).")  # fmt: skip
+        return STEP_PATH == "accelerator"
+    return device.type != "cpu"
+
+
+def _select(keep: torch.Tensor, new: Any, old: Any) -> list[torch.Tensor]:
+    """Leaf by leaf, ``new`` where ``keep`` and ``old`` elsewhere (``keep`` a boolean scalar tensor)."""
+    return [torch.where(keep, a, b) for a, b in zip(new, old)]
+
+
 class _CompiledStep:
     """The arithmetic of one step after the warm-up as one compiled graph: the minibatch gradient's traced graph,
     the rule's move (in the preconditioned coordinates, if any), the sum whose finiteness accepts the step, and
-    the gradient-noise estimate's update for an accepted step. Eager torch runs each of the rule's elementwise
-    operations as its own call and pass over memory; Inductor fuses them with the gradient into one call.
-    The minibatch's indices and the step's normal draw come from the chain's generator outside the graph, so the
-    chain draws what the eager step draws.
+    the step's outcome chosen by selects on that finiteness (no branch, no host synchronisation): the new position,
+    rule state, ``Ũ_t`` and gradient-noise estimate of an accepted step, or, for a rejected one, the chain's last
+    finite position and rule state with the momentum redrawn from ``refresh`` (:func:`ppl_sgmcmc.rules.
+    refresh_momentum`). Eager torch runs each of the rule's elementwise operations as its own call and pass over
+    memory; Inductor fuses them with the gradient into one call. The minibatch's indices and the step's normal
+    draws come from the chain's generators outside the graph, so the chain draws what the eager step draws.
 
-    ``graph(flat, noise, step size, *rule state, *adapt state, *noise state, *gradient inputs)`` returns ``(new flat, Ũ_t,
-    finiteness sum, *new noise state, noise ratio, noise variance, *new rule state)`` (the ratio and variance of
-    the updated estimate, which a draw records); ``at_start``: whether the rule took its gradient at the chain's
-    position (where a rejected step returns). The tensors of the rule state it returned and of the adaptation's
-    state are kept, so that the next step does not take the trees apart again, and so is the step size's tensor."""
+    ``graph(flat, noise, step size, finite flat, Ũ, refresh, *rule state, *adapt state, *noise state, *gradient
+    inputs)`` returns ``(new flat, new finite flat, Ũ_t, rejected, *new noise state, noise ratio, noise variance,
+    *new rule state)`` (the ratio and variance of the kept estimate, which a draw records; ``rejected`` a boolean
+    tensor); ``at_start``: whether the rule took its gradient at the chain's position (a rejected step then returns
+    to the last accepted step's start, the finite flat). The tensors of the rule state it returned and of the
+    adaptation's state are kept, so that the next step does not take the trees apart again, and so is the step
+    size's tensor."""
 
     def __init__(self, graph: compile_.CompiledFunction, at_start: bool, rebuild_rule: Any) -> None:
         self.graph, self.at_start, self.rebuild_rule = graph, at_start, rebuild_rule
@@ -145,18 +177,20 @@ class _CompiledStep:
     def _tensors(tree, kept):
         return kept[1] if tree is kept[0] else _tensor_leaves(tree)[0]
 
-    def __call__(self, flat, noise_draw, step_size, rule_state, adapt_state, noise_state, gradient_inputs):
-        """``(new flat, new rule state, Ũ_t, finiteness sum, noise state after an accepted step, its (noise ratio,
-        noise variance))``."""
+    def __call__(self, flat, noise_draw, step_size, finite_flat, energy, refresh, rule_state, adapt_state, noise_state,
+                 gradient_inputs):  # fmt: skip
+        """``(new flat, new finite flat, new rule state, Ũ_t, rejected (a boolean tensor), new noise state, its
+        (noise ratio, noise variance))``."""
         rule, adapt = self._tensors(rule_state, self._rule), self._tensors(adapt_state, self._adapt)
         if self._step_size[0] != step_size:
             self._step_size = (step_size, torch.as_tensor(step_size, dtype=flat.dtype, device=flat.device))
-        new_flat, energy, total, *rest = self.graph(
-            flat, noise_draw, self._step_size[1], *rule, *adapt, *noise_state, *gradient_inputs
-        )
+        new_flat, new_finite, energy, rejected, *rest = self.graph(
+            flat, noise_draw, self._step_size[1], finite_flat, energy, refresh, *rule, *adapt, *noise_state,
+            *gradient_inputs,
+        )  # fmt: skip
         new_rule = self.rebuild_rule(rest[5:])
         self._rule, self._adapt = (new_rule, rest[5:]), (adapt_state, adapt)
-        return new_flat, new_rule, energy, total, noise.NoiseState(*rest[:3]), tuple(rest[3:5])
+        return new_flat, new_finite, new_rule, energy, rejected, noise.NoiseState(*rest[:3]), tuple(rest[3:5])
 
 
 class SGMCMCState(NamedTuple):
@@ -173,7 +207,8 @@ class SGMCMCState(NamedTuple):
     - **diverging**: whether the last step's gradient or new state was non-finite; the step was then
       rejected: the chain kept its last finite position and rule state, except that a momentum is
       redrawn (:func:`ppl_sgmcmc.rules.refresh_momentum`).
-    - **num_diverging**: the number of rejected steps so far (warm-up included).
+    - **num_diverging**: the number of rejected steps so far (warm-up included). On the accelerator step
+      (:data:`STEP_PATH`) this and ``diverging`` are tensors on the device until the draw ends.
     - **batch_state**: where the minibatch sampler is (see :mod:`~ppl_sgmcmc.pyro.minibatch`).
     - **gradient_state**: the gradient estimator's state (see :mod:`ppl_sgmcmc.gradients`).
     - **adapt_state**: the warm-up's adaptation (:class:`ppl_sgmcmc.adaptation.AdaptState`: the
@@ -483,6 +518,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self.transforms = target.transforms
         self._initial_deterministic = target.check_full_data(target.layout.ravel(self._initial_params))
         self._generator = torch.Generator().manual_seed(seed)
+        self._fixed_step_size = None
+        self._step_generator, self._refresh_generator = self._step_generators(target, seed)
         self._state = None
         self._draws = 0
         self._health = health.Reporter(name)
@@ -497,6 +534,19 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if resume is not None:
             self._continue_chain(resume)
             self._resume_from = None
+
+    def _step_generators(self, target, seed):
+        """``(the generator of the steps' minibatches and normal draws, the generator of a rejected step's momentum
+        or None)``. On the CPU step (:data:`STEP_PATH`), the chain's generator and ``None``. On the accelerator
+        step, generators on the device of the chain's position (the chain's own generator on the CPU), the second
+        one drawn from at every step; a stochastic ``potential_fn`` and a Gibbs step keep drawing their minibatch
+        from the chain's CPU generator, which they are given."""
+        device = target.layout.ravel(self._initial_params).device
+        if not _accelerator_step(device):
+            return self._generator, None
+        same = device.type == "cpu" or not isinstance(target, ModelTarget) or isinstance(target, GibbsTarget)
+        step = self._generator if same else torch.Generator(device).manual_seed(seed)
+        return step, torch.Generator(device).manual_seed(seed // 2 + 1)
 
     def _make_target(self, args, kwargs):
         """The model's stochastic potential (:class:`~ppl_sgmcmc.pyro.potential.ModelTarget`, or a
@@ -538,8 +588,15 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             diverging |= self._step()
         draw, self._draws = self._draws, self._draws + 1
         z = self._target.layout.unravel(self._flat)
-        ratio, variance = self._noise_summary(self._state) if self._summary is None else map(float, self._summary)
-        self._state = self._state._replace(z=z, diverging=diverging, noise_ratio=ratio, noise_variance=variance)
+        summary = self._summary
+        if torch.is_tensor(diverging):  # the accelerator step's outcome (STEP_PATH), copied to the host once a draw
+            like = self._flat
+            values = [diverging, self._num_diverging, *(summary or ())]
+            host = torch.stack([torch.as_tensor(v, device=like.device).to(like.dtype) for v in values]).tolist()
+            diverging, self._num_diverging, summary = bool(host[0]), int(host[1]), host[2:] or None
+        ratio, variance = self._noise_summary(self._state) if summary is None else map(float, summary)
+        self._state = self._state._replace(z=z, diverging=diverging, num_diverging=self._num_diverging,
+                                           noise_ratio=ratio, noise_variance=variance)  # fmt: skip
         if health.passed_power_of_two(self._state.i - self._steps_per_sample, self._state.i):  # log2 times a run
             self._report_health()
         if draw >= self._warmup_steps:
@@ -557,24 +614,22 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         measure the gradient noise and, during the warm-up, adapt. Returns whether the step was rejected."""
         state, flat = self._state, self._flat
         self._summary = None
-        batch, batch_state = self._target.draw(self._generator, state.batch_state)
+        batch, batch_state = self._target.draw(self._step_generator, state.batch_state)
         gradient_state = state.gradient_state
         if self._epoch_steps is not None and state.i > 0 and state.i % self._epoch_steps == 0:  # a new centre (SVRG)
             gradient_state = self._estimator.init(flat, self._target.full_gradient)
         grad_fn, gradient_state = self._estimator.estimate(
             gradient_state, flat, lambda x: self._target.gradient(x, batch, self._score_kind), state.i
         )
-        step_size = float(self.step_size_in(state.adapt_state, state.i))
-        noise_draw = self._normal(flat)
-        finite, at_start, gradient, measured = False, False, None, None
+        step_size = self._fixed_step_size
+        if step_size is None:
+            step_size = float(self.step_size_in(state.adapt_state, state.i))
+        noise_draw = self._normal(flat, self.noise_shape(flat.shape[0]), self._step_generator)
+        finite, at_start, gradient = False, False, None
         compiled = self._compiled_step(state, flat, batch, step_size, noise_draw) if step_size > 0 else None
         if compiled is not None:
-            gradient_inputs = self._target.traced_gradient(flat, batch, self._score_kind)[1]
-            new_flat, rule_state, new_energy, total, measured, summary = compiled(
-                flat, noise_draw, step_size, state.rule_state, state.adapt_state, state.noise, gradient_inputs
-            )
-            finite, at_start = bool(torch.isfinite(total)), compiled.at_start
-        elif step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
+            return self._take_compiled_step(compiled, batch, batch_state, gradient_state, step_size, noise_draw)
+        if step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
             new_flat, rule_state, gradient, at_start = self._move(
                 flat, state.rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state
             )
@@ -589,11 +644,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if finite:
             self._flat = new_flat
             energy, diverging = new_energy, False
-            if measured is None:
-                noise_state, term, valid = self._measure_noise(noise_state, gradient, rule_state, True, state.i, flat)
-            else:  # the compiled step measured it; its term serves only the warm-up, which it does not run
-                noise_state, term, valid = measured, None, True
-                self._summary = summary
+            noise_state, term, valid = self._measure_noise(noise_state, gradient, rule_state, True, state.i, flat)
         else:
             self._flat = flat
             rule_state, energy, diverging = state.rule_state, state.potential_energy, True
@@ -607,6 +658,43 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             adapt_state, noise_state, rule_state, self._flat = self._adapt(
                 adapt_state, noise_state, rule_state, self._flat, energy, term, valid, state.i, self._normal(flat)
             )
+        self._end_step(rule_state, energy, step_size, diverging, batch_state, gradient_state, adapt_state, noise_state)
+        return diverging
+
+    def _take_compiled_step(self, compiled, batch, batch_state, gradient_state, step_size, noise_draw):
+        """The step after the warm-up through the compiled graph (:class:`_CompiledStep`), which rejects a non-finite
+        step by selects. On the accelerator step (:data:`STEP_PATH`) nothing here waits for the device: the
+        rejected step's fresh momentum is drawn at every step from the chain's refresh generator, and whether the
+        step was rejected (a boolean tensor, returned) and the count of rejected steps stay tensors until the draw
+        ends (:meth:`sample`). On the CPU step, a rejection is read at once and its momentum drawn from the chain's
+        generator, as the eager step does."""
+        state, flat = self._state, self._flat
+        self._fixed_step_size = step_size  # frozen after the warm-up (`_same_step_after_warmup`)
+        accelerated = self._refresh_generator is not None
+        redraw = accelerated and has_momentum(state.rule_state)
+        refresh = self._normal(flat, generator=self._refresh_generator) if redraw else flat  # flat: not read
+        energy = torch.as_tensor(state.potential_energy, dtype=flat.dtype, device=flat.device)
+        gradient_inputs = self._target.traced_gradient(flat, batch, self._score_kind)[1]
+        self._flat, finite_flat, rule_state, energy, rejected, noise_state, self._summary = compiled(
+            flat, noise_draw, step_size, self._finite_flat, energy, refresh, state.rule_state, state.adapt_state,
+            state.noise, gradient_inputs,
+        )  # fmt: skip
+        if compiled.at_start:
+            self._finite_flat = finite_flat
+        if not accelerated:
+            rejected = bool(rejected)
+            if rejected and has_momentum(rule_state):  # the momentum that made the step diverge, redrawn
+                rule_state = refresh_momentum(state.rule_state, self._normal(flat), self.temperature_at(state.i))
+        self._num_diverging = self._num_diverging + rejected
+        self._end_step(rule_state, energy, step_size, rejected, batch_state, gradient_state, state.adapt_state,
+                       noise_state)  # fmt: skip
+        return rejected
+
+    def _end_step(
+        self, rule_state, energy, step_size, diverging, batch_state, gradient_state, adapt_state, noise_state
+    ):
+        """Track a changing preconditioner's range (:func:`ppl_sgmcmc.health.track`) and set the state after a step."""
+        state = self._state
         tracked = self._changing_preconditioner(rule_state)
         if tracked is not None:  # a preconditioner that changes along the chain: its range since the last check
             checks = self._health_state if self._health_state is not None else health.init(self._flat, tracked)
@@ -627,7 +715,6 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             state.noise_ratio,  # these two are brought up to date once per draw, by `sample`
             state.noise_variance,
         )
-        return diverging
 
     def _compiled_step(self, state, flat, batch, step_size, noise_draw):
         """The step as one compiled graph (:class:`_CompiledStep`), or ``None``: the step runs eagerly. Compiled
@@ -657,7 +744,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         i, found = state.i, {}
         temperature = torch.as_tensor(self.temperature_at(i), dtype=flat.dtype, device=flat.device)
 
-        def step(flat, noise_draw, step_size, *tensors):
+        def step(flat, noise_draw, step_size, finite_flat, energy, refresh, *tensors):
             rule_tensors, adapt_tensors = tensors[: sizes[0]], tensors[sizes[0] : sizes[0] + sizes[1]]
             noise_state = noise.NoiseState(*tensors[sizes[0] + sizes[1] : sum(sizes)])
 
@@ -665,19 +752,31 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 energy, grad, *score = gradient_graph(x, *tensors[sum(sizes) :])
                 return StochasticGradient(energy, grad, *(score or [None]))
 
-            new_flat, rule_state, gradient, found["at_start"] = self._move(
-                flat, rebuild_rule(rule_tensors), grad_fn, noise_draw, step_size, i, rebuild_adapt(adapt_tensors)
+            old_rule = rebuild_rule(rule_tensors)
+            new_flat, rule_state, gradient, at_start = self._move(
+                flat, old_rule, grad_fn, noise_draw, step_size, i, rebuild_adapt(adapt_tensors)
             )
             new_rule = _tensor_leaves(rule_state)
-            found["rebuild"] = new_rule[1]
+            if has_momentum(old_rule):  # what a rejected step keeps: a fresh momentum
+                old_rule = refresh_momentum(old_rule, refresh, temperature)
+            old_leaves = _tensor_leaves(old_rule)[0]
+            if len(old_leaves) != len(new_rule[0]):
+                raise ValueError("the rule's state changes its structure in a step")  # not compiled: runs eagerly
+            found["at_start"], found["rebuild"] = at_start, new_rule[1]
             scale = torch.as_tensor(self.noise_scale(rule_state, i, flat), dtype=flat.dtype, device=flat.device)
             measured, _ = noise.update(noise_state, gradient.grad, scale, True)
-            total = _finiteness_sum(gradient.energy, new_flat, rule_state)
-            summary = _noise_ratio_and_variance(measured.variance, measured.count, step_size, temperature)
-            return (new_flat, gradient.energy, total, *measured, *summary, *new_rule[0])
+            finite = torch.isfinite(_finiteness_sum(gradient.energy, new_flat, rule_state))
+            kept = noise.NoiseState(*_select(finite, measured, noise_state))
+            summary = _noise_ratio_and_variance(kept.variance, kept.count, step_size, temperature)
+            back = finite_flat if at_start else flat  # where a rejected step returns
+            return (torch.where(finite, new_flat, back), torch.where(finite, flat, finite_flat),
+                    torch.where(finite, gradient.energy, energy), ~finite, *kept, *summary,
+                    *_select(finite, new_rule[0], old_leaves))  # fmt: skip
 
         step_size = torch.as_tensor(step_size, dtype=flat.dtype, device=flat.device)
-        inputs = (flat, noise_draw, step_size, *rule_tensors, *adapt_tensors, *state.noise, *gradient_inputs)
+        energy = torch.as_tensor(state.potential_energy, dtype=flat.dtype, device=flat.device)
+        inputs = (flat, noise_draw, step_size, self._finite_flat, energy, torch.zeros_like(flat), *rule_tensors,
+                  *adapt_tensors, *state.noise, *gradient_inputs)  # fmt: skip
         graph = compile_.compile_tensors(step, inputs)
         if graph is None:
             return None
@@ -741,9 +840,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 flat = warmup.newton(target, flat, batches, hessian, mean_gradient, score_kind)
         if self._tune:
             n = max((n for _, n in target.plate_sizes.values()), default=1)
-            probe = warmup.probe(target, flat, target.epoch(self._generator, adaptation.PROBE_BATCHES * n), score_kind)
+            batches = target.epoch(self._generator, self._probe_batches(flat.shape[0]) * n)
+            probe = warmup.probe(target, flat, batches, score_kind)
         self._flat = self._finite_flat = flat
-        rule_state = self.rule_init(flat, self._normal(flat))
+        rule_state = self.rule_init(flat, self._normal(flat, self.noise_shape(flat.shape[0])))
         energy = None
         if probe is not None:  # the start's minibatch energy, the first best of the warm-up (see adaptation.ran_off)
             energy = probe.energy.mean()
@@ -754,11 +854,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             i=0,
             z=self._target.layout.unravel(flat),
             rule_state=rule_state,
-            potential_energy=torch.full((), float("nan"), dtype=flat.dtype),
+            potential_energy=torch.full((), float("nan"), dtype=flat.dtype, device=flat.device),
             step_size=float(self.step_size_in(adapt_state, 0)),
             diverging=False,
             num_diverging=0,
-            batch_state=self._target.init_batch(self._generator),
+            batch_state=self._target.init_batch(self._step_generator),
             gradient_state=self._estimator.init(flat, target.full_gradient if self._estimator.needs_full_gradient else None),
             adapt_state=adapt_state,
             noise=noise.init(flat),
@@ -776,7 +876,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             restarts = state.adapt_state.restarts if self.adapts else 0
             checks = health.update(
                 checks, state.i, state.num_diverging, state.step_size, self._flat, self._watched_state(state.rule_state), ratio,
-                self.noise_ratio_limit, restarts, self._measured_change(checks),
+                self.noise_ratio_limit, restarts, self._measured_change(checks), exploring=self._exploring(state.i),
             )
             self._health_state = checks
             self._health.report(checks.flags.tolist(), checks.values.tolist())
@@ -793,9 +893,12 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if not self._health.reported:  # a failed health check already named the chain's specific failure
             verdict.report(result, self.name, stacklevel=3)
 
-    def _normal(self, like):
-        """Standard normal noise of the shape of ``like``, from the chain's generator."""
-        return torch.randn(like.shape, generator=self._generator, dtype=like.dtype).to(like.device)
+    def _normal(self, like, shape=None, generator=None):
+        """Standard normal noise of the shape of ``like`` (or ``shape``) and its dtype on its device, from the chain's
+        generator (or ``generator``), drawn on the generator's device."""
+        generator = self._generator if generator is None else generator
+        shape = like.shape if shape is None else shape
+        return torch.randn(shape, generator=generator, dtype=like.dtype, device=generator.device).to(like.device)
 
     def logging(self):
         """The progress bar's postfix, the items of :meth:`progress` (``Ũ_t``, the step size, the number of
@@ -880,6 +983,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._logging = None
         self._graphs = {}
         self._same_step = None  # whether a step after the warm-up compiles (_compiled_step), once known
+        self._fixed_step_size = None  # the step size after the warm-up, once a step is compiled
+        self._step_generator = self._refresh_generator = None  # see `setup`
         self._initial_deterministic = {}
         self._warmup_steps = 0
         self._draws = 0
@@ -901,7 +1006,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for key in ("_target", "_generator", "_state", "_flat", "_logging"):
+        for key in ("_target", "_generator", "_step_generator", "_refresh_generator", "_state", "_flat", "_logging"):
             state[key] = None
         state["_graphs"] = {}
         return state
@@ -1000,7 +1105,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         expected = {name: tuple(layout.shapes[name]) for name in layout.names}
         if shapes != expected:
             raise ValueError(f"{self.name}: `resume_from` holds latents of shapes {shapes}; the model's are {expected}.")
-        self._flat = layout.ravel(state.z)
+        self._flat = self._finite_flat = layout.ravel(state.z)
         self._generator.set_state(resume.generator_state)
         self._num_diverging = int(state.num_diverging)
         self._state = state

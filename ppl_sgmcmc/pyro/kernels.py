@@ -6,7 +6,10 @@ Pyro's."""
 from ppl_sgmcmc import algorithms
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel, SGMCMCState
 
-__all__ = ["CSGHMC", "CSGLD", "PSGLD", "SGFS", "SGHMC", "SGLD", "SGNHT", "SGRLD", "ContourState", "Recipe", "Santa"]
+__all__ = [
+    "CSGHMC", "CSGLD", "PSGLD", "SGFS", "SGHMC", "SGLD", "SGNHT", "SGRLD", "ContourState", "ReSGHMC", "ReSGLD", "Recipe",
+    "ReplicaState", "Santa",
+]  # fmt: skip
 
 
 class SGLD(algorithms.SGLD, SGMCMCKernel):
@@ -266,4 +269,73 @@ class Recipe(algorithms.Recipe, SGMCMCKernel):
         >>> mcmc.run()
         >>> bool(abs(torch.corrcoef(mcmc.get_samples()["x"].T)[0, 1] - 0.8) < 0.1)
         True
+    """
+
+
+class ReplicaState(algorithms.ReplicaFields, SGMCMCState):
+    """:class:`~ppl_sgmcmc.pyro.kernel.SGMCMCState` of :class:`ReSGLD`/:class:`ReSGHMC`, with the replica-exchange
+    quantities readable as top-level attributes (:class:`ppl_sgmcmc.algorithms.ReplicaFields`).
+
+    **Example**::
+
+        >>> import torch, pyro
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = ReSGLD(potential_fn=lambda z: (z["x"] ** 2).sum() / 2, step_size=0.1, temperatures=(1, 2, 4))
+        >>> kernel.initial_params = {"x": torch.zeros(2)}
+        >>> kernel.setup(warmup_steps=0)
+        >>> z = kernel.initial_params
+        >>> for _ in range(20):
+        ...     z = kernel.sample(z)
+        >>> state = kernel.state
+        >>> type(state).__name__, state.ladder.tolist(), state.swaps.shape, int(state.cold_replica) in (0, 1, 2)
+        ('ReplicaState', [1.0, 2.0, 4.0], torch.Size([2]), True)
+    """
+
+    __slots__ = ()
+
+
+class ReSGLD(algorithms.ReSGLD, SGMCMCKernel):
+    """:class:`ppl_sgmcmc.algorithms.ReSGLD` (Deng, Feng, Gao, Liang & Lin, ICML 2020) as a Pyro kernel. Each kept
+    draw's ``swap_probability``, ``num_swaps`` and ``cold_replica`` are returned by :meth:`diagnostics`, with the
+    chain's final ``ladder``, ``swaps`` and ``energy_variance``; :func:`ppl_sgmcmc.pyro.to_inference_data` puts them
+    in ``sample_stats``.
+
+    **Example** (the two-mode target ``0.3 N(-4, 1) + 0.7 N(4, 1)`` from its right mode)::
+
+        >>> import math, torch, pyro
+        >>> from pyro.infer import MCMC
+        >>> from ppl_sgmcmc.pyro import to_inference_data
+        >>> def energy(z):
+        ...     x = z["x"]
+        ...     return -torch.logaddexp(math.log(0.3) - (x + 4) ** 2 / 2, math.log(0.7) - (x - 4) ** 2 / 2)
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = ReSGLD(potential_fn=energy, step_size=0.1, temperatures=(1, 10), steps_per_sample=5)
+        >>> mcmc = MCMC(kernel, warmup_steps=50, num_samples=300, initial_params={"x": torch.tensor(4.0)},
+        ...             disable_progbar=True)
+        >>> mcmc.run()
+        >>> idata = to_inference_data(mcmc)
+        >>> sorted(idata.sample_stats.data_vars)
+        ['cold_replica', 'diverging', 'noise_ratio', 'noise_variance', 'num_swaps', 'step_size', 'swap_probability']
+        >>> int(idata.sample_stats["num_swaps"][0, -1]) > 0
+        True
+    """
+
+    state_type = ReplicaState
+
+
+class ReSGHMC(algorithms.ReSGHMC, ReSGLD):
+    """:class:`ppl_sgmcmc.algorithms.ReSGHMC` (Deng, Feng, Gao, Liang & Lin, ICML 2020) as a Pyro kernel.
+
+    **Example**::
+
+        >>> import torch, pyro
+        >>> from pyro.infer import MCMC
+        >>> pyro.set_rng_seed(0)
+        >>> kernel = ReSGHMC(potential_fn=lambda z: (z["x"] ** 2).sum() / 2, step_size=0.2, steps_per_sample=2)
+        >>> mcmc = MCMC(kernel, warmup_steps=50, num_samples=100, initial_params={"x": torch.zeros(2)},
+        ...             disable_progbar=True)
+        >>> mcmc.run()
+        >>> from ppl_sgmcmc.pyro import sample_stats
+        >>> mcmc.get_samples()["x"].shape, sample_stats(mcmc)["cold_replica"].shape
+        (torch.Size([100, 2]), (1, 100))
     """

@@ -85,9 +85,16 @@ class _ModelRecorder(Messenger):
         self.kernel_name = kernel_name
         self.plates: dict[str, tuple[int, int]] = {}
         self.subsampled: list[_Subsampled] = []
+        # the latent sample sites met inside plates, with the plates' names: (site, [plate, ...])
+        self.plated_latents: list[tuple[str, list[str]]] = []
+
+    def _pyro_param(self, msg: dict[str, Any]) -> None:
+        raise _model_checks.fixed_parameter(msg["name"], self.kernel_name, "pyro")
 
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
         fn = msg["fn"]
+        if type(fn).__name__ != "_Subsample" and not msg["is_observed"] and msg["cond_indep_stack"]:
+            self.plated_latents.append((msg["name"], [frame.name for frame in msg["cond_indep_stack"]]))
         if type(fn).__name__ != "_Subsample" or msg["value"] is not None:  # not a plate, or given its indices
             return
         name, size, n = msg["name"], fn.size, fn.subsample_size
@@ -456,8 +463,13 @@ class ModelTarget:
                 model_trace = traced.get_trace(*self.model_args, **self.model_kwargs)
         except _model_checks.ModelError:
             raise
-        except ValueError:  # NaN or inf in the data can make a distribution refuse its parameters: say so
+        except ValueError as err:  # NaN or inf in the data can make a distribution refuse its parameters: say so
             if recorder is not None:
+                for site, names in recorder.plated_latents:  # a weight sampled in the plate: its shape broke
+                    subsampled = [name for name in names if name in plates.fixed and site not in self.local_sites
+                                  and plates.fixed[name][1] < plates.fixed[name][0]]  # fmt: skip
+                    if subsampled:
+                        raise _model_checks.local_latent(site, subsampled[0], self.kernel_name, "pyro") from err
                 _explain_failure(recorder.subsampled, *data, recorder.plates, self.kernel_name)
             raise
         return model_trace, plates.fixed
@@ -614,13 +626,15 @@ class ModelTarget:
 
     # --- minibatches ---------------------------------------------------------------------------
     def init_batch(self, generator):
-        """The minibatch sampler's state at the start of a chain (see :mod:`~ppl_sgmcmc.pyro.minibatch`)."""
-        return minibatch.init(generator, self.plate_sizes, self.replace)
+        """The minibatch sampler's state at the start of a chain (see :mod:`~ppl_sgmcmc.pyro.minibatch`), on the
+        generator's device."""
+        return minibatch.init(generator, self.plate_sizes, self.replace, generator.device)
 
     def draw(self, generator, batch_state, replace=None):
         """One step's indices ``{plate: (n,) tensor}`` and the advanced batch state (``replace`` overrides
-        the kernel's choice)."""
-        return minibatch.draw(generator, batch_state, self.plate_sizes, self.replace if replace is None else replace)
+        the kernel's choice), drawn on the generator's device."""
+        replace = self.replace if replace is None else replace
+        return minibatch.draw(generator, batch_state, self.plate_sizes, replace, generator.device)
 
     def epoch(self, generator, rows):
         """Minibatches covering ``rows`` distinct rows of the largest subsampled plate (drawn without

@@ -33,12 +33,12 @@ arguments, only the hyper-parameters they use; ``step`` may also take ``step_ind
     array_api_compat.torch [0.5, -1.0] 2.5
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 from array_api_compat import array_namespace
 
-from ppl_sgmcmc.rules import csgld, psgld, recipe, rms, santa, sgfs, sghmc, sgld, sgnht, sgrld
-from ppl_sgmcmc.rules._types import Array
+from ppl_sgmcmc.rules import csgld, psgld, recipe, replica, rms, santa, sgfs, sghmc, sgld, sgnht, sgrld
+from ppl_sgmcmc.rules._types import Array, RuleStateT, Scalar
 
 
 class StochasticGradient(NamedTuple):
@@ -69,12 +69,12 @@ class StochasticGradient(NamedTuple):
     per_example: Array | None = None
 
 
-def has_momentum(state):
+def has_momentum(state: tuple[Any, ...]) -> bool:
     """Whether a rule's state carries a momentum ``p`` (SGHMC, SGNHT, CSGHMC; not SGLD, CSGLD, ...)."""
     return getattr(state, "momentum", None) is not None
 
 
-def refresh_momentum(state, noise, temperature=1.0):
+def refresh_momentum(state: RuleStateT, noise: Array, temperature: Scalar = 1.0) -> RuleStateT:
     """``state`` with its momentum redrawn from the momentum's stationary marginal ``p ~ N(0, τ I)``
     (``p = sqrt(τ) ζ``, as ``init`` draws it); other fields (a thermostat, CSGHMC's ``θ``) are kept.
 
@@ -95,7 +95,8 @@ def refresh_momentum(state, noise, temperature=1.0):
         >>> fresh.momentum.tolist(), fresh.thermostat.tolist()
         ([1.0, -2.0], [3.0, 5.0])
     """
-    return state._replace(momentum=temperature**0.5 * noise)
+    fields: Any = state  # a rule's NamedTuple with a `momentum` field, which `tuple` (the bound) does not name
+    return cast(RuleStateT, fields._replace(momentum=temperature**0.5 * noise))
 
 
 __all__ = [
@@ -106,6 +107,7 @@ __all__ = [
     "psgld",
     "recipe",
     "refresh_momentum",
+    "replica",
     "rms",
     "santa",
     "sgfs",

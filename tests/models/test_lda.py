@@ -2,7 +2,8 @@
 ``models/run_lda.py``): the collapsed prior of the topic assignments, the
 collapsed-Gibbs conditional against brute-force enumeration, the Fisher-identity gradient against the
 exact gradient of the collapsed marginal, topic recovery on a synthetic corpus, the perplexity
-functions on hand-computable cases, and a Reuters end-to-end run.
+functions on hand-computable cases. (The Reuters end-to-end run, a quality bar, is
+``benchmarks/quality_checks.py --only reuters``.)
 
 Statistical tolerances are Monte Carlo errors: ``K_SIGMA = 4.5`` standard errors of the estimate.
 """
@@ -208,6 +209,7 @@ def exact_marginal_gradient(theta, parametrisation):
     return np.asarray(jax.grad(energy)(theta), np.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel_name", ["mSGNHT-S", "SGRLD"])
 def test_fisher_identity_gradient_matches_the_collapsed_marginal(kernel_name):
     """Averaged over minibatches and Gibbs sweeps, the kernel's stochastic gradient is the gradient of the
@@ -258,6 +260,7 @@ def matched_tv(estimate, truth):
     return tv[rows, cols]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel_name, step_size", [("mSGNHT-S", 5e-3), ("SGRLD", 2e-2)])
 def test_recovers_known_topics(kernel_name, step_size):
     """On 120 documents (~3600 tokens) from a known 3-topic LDA, the posterior-mean topics are within
@@ -312,29 +315,3 @@ def test_document_completion_by_hand():
     assert accumulator.perplexity() == pytest.approx(
         np.exp(-np.log(estimate).mean()), rel=1e-10
     ) and accumulator.perplexity() == pytest.approx(np.exp(-np.log(expected).mean()), rel=0.02)
-
-
-# --- Reuters end to end -----------------------------------------------------------------------------
-def test_reuters_end_to_end():
-    """mSGNHT-S with the local Gibbs step, through ``MCMC``, on the bundled Reuters corpus (316 training
-    documents, V = 4258), expanded-mean topics sampled in log space: after 600 steps (~10 passes over the
-    data) the document-completion perplexity is far below the uniform-topics value V (collapsed Gibbs
-    reaches ~1500 at K = 20, ~1900 at K = 10)."""
-    from models.datasets import load_corpus
-
-    data = lda_common.prepare_corpus(load_corpus("reuters"), num_buckets=1)
-    kernel, parametrisation = run_lda.make_kernel(
-        "mSGNHT-S", 1e-2, data.train_words, data.train_mask, alpha=ALPHA, gibbs_sweeps=(3, 2),
-        parametrisation="expanded", steps_per_sample=100,
-    )
-    mcmc = MCMC(kernel, num_warmup=3, num_samples=3, progress_bar=False)
-    mcmc.run(
-        jax.random.PRNGKey(0), data.train_words, data.train_mask, vocab_size=data.vocab_size, num_topics=10,
-        parametrisation=parametrisation,
-    )
-    topics = lda.topic_word(mcmc.get_samples()["theta"], parametrisation)
-    value = lda_evaluation.held_out_perplexity(topics, data.held_out, ALPHA, burn_in=5, kept=5)
-    print("Reuters perplexity", value, "uniform", data.vocab_size)
-    print("\n".join(" ".join(t) for t in lda_common.top_words(topics.mean(0), data.vocab, 8)))
-    assert int(mcmc.last_state.num_diverging) == 0
-    assert value < 0.6 * data.vocab_size

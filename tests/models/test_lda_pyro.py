@@ -62,6 +62,7 @@ def test_one_sweep_is_the_sequence_of_exact_conditionals():
     assert_frequencies(z.numpy(), one_sweep_distribution(z0), "one sweep")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel_cls, parametrisation", [(SGNHT, "gaussian"), (SGRLD, "expanded")])
 def test_fisher_identity_gradient_matches_the_collapsed_marginal(kernel_cls, parametrisation):
     """Averaged over minibatches and Gibbs sweeps, the Pyro kernels' stochastic gradient is the gradient of
@@ -89,6 +90,7 @@ def test_fisher_identity_gradient_matches_the_collapsed_marginal(kernel_cls, par
     assert np.all(np.abs(mean - exact) < K_SIGMA * mcse)
 
 
+@pytest.mark.slow
 def test_recovers_known_topics():
     """As the NumPyro test: on 120 documents from a known 3-topic LDA, the posterior-mean topics of Pyro's
     mSGNHT-S (expanded mean) are within total-variation distance 0.1 of the true ones after matching."""

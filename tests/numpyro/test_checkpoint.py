@@ -47,6 +47,7 @@ def assert_same_run(mcmc, whole):
         np.testing.assert_array_equal(leaf, expected)
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_bit_for_bit_with_vectorized_chains(logistic_data, tmp_path):
     """Two vectorized chains, thinned by 2, 4 chunks of 10 draws; Ctrl-C during the third chunk, then a new
     ``MCMC`` with a new kernel calls ``run`` again: the same chains as one ``mcmc.run``."""
@@ -81,6 +82,7 @@ def test_interrupted_run_resumes_bit_for_bit_with_vectorized_chains(logistic_dat
     assert sorted(tmp_path.iterdir()) == [tmp_path / name for name in names]  # no pickle, one state
 
 
+@pytest.mark.slow
 def test_csgld_with_an_auto_grid_resumes_bit_for_bit(logistic_data, tmp_path):
     """CSGLD calibrates its energy grid during the warm-up (the first chunk); the later chunks, and a new kernel
     resuming them, continue with that grid, ``θ`` and the chain's warm-up windows."""
@@ -97,6 +99,7 @@ def test_csgld_with_an_auto_grid_resumes_bit_for_bit(logistic_data, tmp_path):
     assert np.all(np.isfinite(resumed.last_state.energy_gap))
 
 
+@pytest.mark.slow
 def test_a_finished_run_continues_with_a_larger_num_samples(tmp_path):
     """A complete checkpoint is only loaded; with more ``num_samples`` the chain goes on."""
     make = lambda num_samples: MCMC(  # noqa: E731
@@ -195,6 +198,7 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_an_old_pickle_checkpoint_is_read_with_the_opt_in_and_a_warning(tmp_path):
     """A format-1 checkpoint (``state.pkl``) resumes bit for bit with ``allow_pickle=True``, with a warning,
     and is rewritten in the current format."""
@@ -276,6 +280,7 @@ def test_a_damaged_checkpoint_gives_a_clear_error(three_chunks, tmp_path, damage
             checkpoint.load(tmp_path)
 
 
+@pytest.mark.slow
 def test_resuming_with_other_data_is_refused(logistic_data, tmp_path):
     """The checkpoint keeps a fingerprint of the model's arguments: other values, shapes or dtypes are refused
     (naming the argument), unless ``check_data=False``."""

@@ -365,7 +365,7 @@ def _truncated_student_t(y):
         numpyro.sample("y", dist.Normal(0.0, s), obs=numpyro.subsample(y, event_dim=0))
 
 
-@pytest.mark.parametrize("init_params", [None, {"mu": jnp.array(0.5)}])
+@pytest.mark.parametrize("init_params", [None, pytest.param({"mu": jnp.array(0.5)}, marks=pytest.mark.slow)])
 def test_improper_uniform_prior_runs(init_params):
     """An ImproperUniform prior (no sampler) failed with an empty NotImplementedError from the kernel's own trace of
     the model, with or without `init_params`; NUTS runs it."""
@@ -376,6 +376,7 @@ def test_improper_uniform_prior_runs(init_params):
     assert to_inference_data(mcmc).log_likelihood["y"].shape == (1, 300, 100)
 
 
+@pytest.mark.slow
 def test_truncated_student_t_prior_runs():
     """Its sampler needs TensorFlow Probability (an ImportError when the kernel traced the model under `seed`); NUTS
     traces at the init strategy's values, and so does the kernel now."""
@@ -444,10 +445,10 @@ def test_every_rng_key_form_runs(rng_key, chains):
 
 @pytest.mark.parametrize(
     "strategy",
-    [
-        numpyro.infer.init_to_median, numpyro.infer.init_to_sample, numpyro.infer.init_to_feasible,
-        numpyro.infer.init_to_mean, numpyro.infer.init_to_uniform(radius=0.5),
-        numpyro.infer.init_to_value(values={"mu": 1.0}),
+    [  # each a hands-off warm-up (~5 s): one in the quick tier
+        numpyro.infer.init_to_median, *(pytest.param(strategy, marks=pytest.mark.slow) for strategy in (
+            numpyro.infer.init_to_sample, numpyro.infer.init_to_feasible, numpyro.infer.init_to_mean,
+            numpyro.infer.init_to_uniform(radius=0.5), numpyro.infer.init_to_value(values={"mu": 1.0})))
     ],
     ids=["median", "sample", "feasible", "mean", "uniform", "value"],
 )
@@ -481,11 +482,14 @@ def _latent(prior, statistic):
     ],
     ids=["simplex", "positive", "ordered", "lower cholesky", "corr cholesky", "positive definite", "circular"],
 )
-def test_constrained_supports_run(prior, statistic, support):
+@pytest.mark.parametrize("hands_off", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["SGLD", "SGNHT"])
+def test_constrained_supports_run(prior, statistic, support, hands_off):
+    """SGLD with a given step size, and SGNHT hands-off (its warm-up finds the mode and tunes in the unconstrained
+    coordinates: compiled, ~10-20 s a support, so in the slow tier)."""
     model = _latent(prior, statistic)
-    for kernel in (SGLD(model, step_size=1e-3), SGNHT(model)):
-        x = _run(kernel, _Y, num_warmup=300).get_samples()["x"]
-        assert bool(jnp.all(jax.vmap(support)(x) if support is not dist.constraints.circular else jnp.isfinite(x)))
+    kernel = SGNHT(model) if hands_off else SGLD(model, step_size=1e-3)
+    x = _run(kernel, _Y, num_warmup=300).get_samples()["x"]
+    assert bool(jnp.all(jax.vmap(support)(x) if support is not dist.constraints.circular else jnp.isfinite(x)))
 
 
 def test_a_support_without_a_bijection_is_refused():
@@ -494,6 +498,7 @@ def test_a_support_without_a_bijection_is_refused():
         _run(SGLD(model, step_size=1e-3), _Y)
 
 
+@pytest.mark.slow
 def test_runs_in_two_threads_draw_what_they_draw_alone():
     """NumPyro's handler stack is one per process: two runs tracing their models at once met each other's sites and
     plates (NUTS too). The kernels take turns to trace."""
@@ -522,6 +527,7 @@ def test_runs_in_two_threads_draw_what_they_draw_alone():
                 np.testing.assert_array_equal(value, alone[model][name])
 
 
+@pytest.mark.slow
 def test_tuned_step_size_goes_back_with_its_preconditioner(logistic_data):
     """The recorded step size is one in the adapted preconditioner's coordinates: given alone it blew up; given with
     the preconditioner (`tuned_options`) a new kernel runs the tuned run's post-warm-up kernel, step for step."""

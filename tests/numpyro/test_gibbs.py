@@ -145,6 +145,7 @@ def exact_gradient(mu, x):
     return jax.grad(energy)(mu)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sweeps", [(0, 1), (2, 3)])
 def test_fisher_identity_gradient_is_unbiased(data, sweeps):
     """Averaged over minibatches and Gibbs draws, the kernel's stochastic gradient equals the gradient of

@@ -174,6 +174,7 @@ print(result.nbytes, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - befor
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in kB (Linux)")
 def test_chunked_log_likelihood_peaks_at_the_result_size():
     """The chunks fill one preallocated result: the peak memory grows by the result (100 MB) and a chunk, not

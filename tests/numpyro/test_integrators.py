@@ -72,6 +72,7 @@ GAUSSIAN_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(GAUSSIAN_CASES))
 def test_splitting_has_smaller_variance_bias_than_euler(case):
     make_kernel, predict = GAUSSIAN_CASES[case]
@@ -146,6 +147,7 @@ def kl_true_to_histogram(p, counts):
     return float(np.sum(p * np.log(p / q)))
 
 
+@pytest.mark.slow
 def test_double_well_splitting_beats_euler():
     """h = 0.2, 64 chains × 20,000 steps (1.28e6 samples per integrator, thinned by 10).
 

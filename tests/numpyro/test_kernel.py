@@ -60,6 +60,7 @@ def sequential_chains(logistic_data):
     return run_chains("sequential", logistic_data)
 
 
+@pytest.mark.slow
 def test_vectorized_chains_reshuffle_each_epoch_like_sequential_ones(logistic_data):
     """Epoch-wise reshuffling under ``vmap`` (its own batching rule) gives the sequential chains' draws;
     its 50 steps of 20 rows cover five epochs of the 200 rows."""
@@ -82,6 +83,7 @@ def test_chain_methods_agree(chain_method, logistic_data, sequential_chains):
     np.testing.assert_allclose(samples["w"], reference["w"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_thinning_keeps_every_kth_step(logistic_data):
     full = run(SGLD(logistic_model, step_size=1e-3), logistic_data, extra_fields=("i",))
     thin = run(SGLD(logistic_model, step_size=1e-3), logistic_data, thinning=5, extra_fields=("i",))
@@ -89,6 +91,7 @@ def test_thinning_keeps_every_kth_step(logistic_data):
     np.testing.assert_allclose(thin.get_samples()["w"], full.get_samples()["w"][4::5], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_steps_per_sample_equals_thinning(logistic_data):
     """``steps_per_sample=k`` takes the same steps as ``k`` calls, keeping the last: MCMC's ``thinning=k``."""
     kernel = lambda **kw: SGNHT(logistic_model, step_size=1e-2, **kw)  # noqa: E731
@@ -118,6 +121,7 @@ def test_same_seed_same_samples(make_kernel, logistic_data):
     assert not np.allclose(a, c)
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_chain(logistic_data):
     """Two runs of 30 steps, the second resumed from the first's last state, equal one run of 60."""
     kernel = lambda: SGNHT(logistic_model, step_size=1e-2, replace=False)  # noqa: E731
@@ -168,9 +172,10 @@ def test_rejected_step_redraws_the_momentum():
 
     kernel = SGHMC(potential_fn=energy, step_size=0.5, temperature=4.0)
     state = kernel.init(jax.random.PRNGKey(0), 0, init_params={"x": jnp.zeros(3)})
+    step = jax.jit(kernel.sample)  # compiled once: 60 eager steps dispatched each operation anew (~1 min)
     redrawn = []
     for _ in range(60):
-        new = kernel.sample(state, (), {})
+        new = step(state, (), {})
         if new.diverging:
             np.testing.assert_array_equal(new.z["x"], state.z["x"])
             assert not np.allclose(new.rule_state.momentum, state.rule_state.momentum)

@@ -97,6 +97,7 @@ def test_bar_updates_from_the_compiled_loop(logistic_data, capfd, monkeypatch):
     assert shown == [0, 50, 100, 150, 200]  # host callbacks at draws 50, 100, 150, 200 and 210
 
 
+@pytest.mark.slow
 def test_bar_toggled_between_runs_of_one_object(logistic_data, capfd):
     mcmc = with_bar(MCMC(SGLD(logistic_model, step_size=1e-3), num_warmup=5, num_samples=30))
     mcmc.run(jax.random.PRNGKey(0), *logistic_data)
@@ -133,6 +134,7 @@ def compilation_cache_dir(tmp_path):
     compilation_cache.reset_cache()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step_size", [1e-2, None], ids=["given step size", "tuned"])
 def test_repeated_runs_reuse_the_compilation(logistic_data, compilation_cache_dir, step_size):
     """NumPyro traces its sampling loop again at every ``mcmc.run``; with the persistent cache the XLA
@@ -163,6 +165,7 @@ def test_repeated_runs_reuse_the_compilation(logistic_data, compilation_cache_di
     assert "cache_misses" not in resumed.events and "cache_hits" in resumed.events
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bar", [False, True], ids=["no bar", "in-loop bar"])
 def test_a_finished_run_is_not_kept(logistic_data, bar):
     """Nothing keeps a finished run once its ``MCMC`` object goes: not JAX's caches of the compiled loop, nor
@@ -185,6 +188,7 @@ def test_a_finished_run_is_not_kept(logistic_data, bar):
     assert [run() for run in runs] == [None] * len(runs)
 
 
+@pytest.mark.slow
 def test_a_run_that_leaves_a_latent_out_of_its_draws_is_not_judged(logistic_data):
     """``extra_fields=("~z.scale",)`` (NumPyro's way to leave a site out of the draws) runs: the verdict, which needs
     every latent site, is skipped rather than raising after the run."""

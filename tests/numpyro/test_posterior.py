@@ -55,6 +55,10 @@ from tests.helpers import (
     sd_and_mcse,
 )
 
+# long chains sized by their Monte Carlo error (above): the slow tier; the quick tier runs every kernel on
+# small models (test_kernel.py and the kernels' own files)
+pytestmark = pytest.mark.slow
+
 NUM_DATA, NUM_FEATURES, BATCH = 1000, 3, 50
 NOISE, PRIOR = 16.0, 1.0
 NUM_CHAINS = 16

@@ -36,7 +36,9 @@ def _typed(key):
     return jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
 
 
-@pytest.mark.parametrize("draw", list(DRAWS), ids=list(DRAWS))
+@pytest.mark.parametrize(  # gamma and randint compile rejection loops, the slowest: the slow tier
+    "draw", [pytest.param(d, marks=pytest.mark.slow) if d in ("gamma", "randint") else d for d in DRAWS], ids=list(DRAWS)
+)
 def test_the_numbers_of_jax_threefry(draw):
     fn, key = DRAWS[draw], random.PRNGKey(42)
     expected = fn(key)
@@ -90,6 +92,7 @@ CHAINS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chain", list(CHAINS), ids=list(CHAINS))
 def test_a_chain_is_the_chain_jax_threefry_draws(chain, logistic_data):
     make_kernel, options = CHAINS[chain]
@@ -109,6 +112,7 @@ def test_a_chain_is_the_chain_jax_threefry_draws(chain, logistic_data):
     np.testing.assert_array_equal(key, expected_key)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="JAX rolls the Threefry loop on the CPU only")
 def test_the_step_has_no_rolled_hash_loop(logistic_data):
     """The step's HLO has no loop (JAX's own Threefry puts one per draw: a split, the indices, the noise)."""

@@ -45,6 +45,7 @@ def test_sgld_is_an_instance():
     assert np.abs(sgld[-1]).max() > 0.1  # the chain moved
 
 
+@pytest.mark.slow
 def test_sghmc_euler_is_an_instance():
     sghmc = draws(SGHMC(regression, step_size=0.02, friction=2.0, integrator="euler"))
     recipe = draws(Recipe(regression, step_size=0.02, D=2.0, Q=SGHMC_Q, momentum=True))
@@ -90,6 +91,7 @@ def assert_standard_normal(name, x, variance_bias):
     assert_mc_close(f"{name} fourth moment", fourth, np.full(2, 3.0), fourth_se, allowance=3 * ((1 + variance_bias) ** 2 - 1))
 
 
+@pytest.mark.slow
 def test_riemannian_langevin_samples_the_target():
     """``D(θ) = 1 + θ⊙θ/2`` (``E[D] = 1.5``), ``h = 0.02``: Euler's first-order variance excess is about
     ``h E[D]/2 = 1.5%``, a tenth of the tolerance."""
@@ -104,6 +106,7 @@ def test_riemannian_langevin_samples_the_target():
         assert_standard_normal("without Γ", sample_normal(no_gamma, num_samples=1000), h * 1.5 / 2)
 
 
+@pytest.mark.slow
 def test_riemannian_hmc_samples_the_target():
     """Ma, Chen & Fox's SGRHMC with ``G(θ)⁻¹ = diag(1 + θ⊙θ/2)``: ``z = (θ, r)``, ``D = diag(0, G⁻¹)``,
     ``Q = [[0, -G^{-1/2}], [G^{-1/2}, 0]]``; ``Γ_r = ∂_θ G^{-1/2}`` (the momenta's ``D`` does not depend on ``r``).

@@ -73,6 +73,7 @@ def minimise(optimiser, x):
     return jax.lax.scan(step, (x, optimiser.init(x)), length=EXPLORATION + REFINEMENT)[0][0]
 
 
+@pytest.mark.slow
 def test_double_well_santa_finds_the_global_mode_rmsprop_stays():
     kernel = Santa(potential_fn=lambda z: jnp.sum(double_well(z["x"])), step_size=STEP,
                    inverse_temperature=annealing(scale=SCALE))  # fmt: skip
@@ -90,6 +91,7 @@ def test_double_well_santa_finds_the_global_mode_rmsprop_stays():
     assert fractions["RMSprop"] == 0.0 and np.all(np.abs(rmsprop - LOCAL_MODE) < 0.01)
 
 
+@pytest.mark.slow
 def test_optax_santa_is_the_rule():
     """:func:`ppl_sgmcmc.optim.santa` steps the rule with the gradient it is handed and the noise of its key: the
     same trajectory as the rule called directly, on a pytree of parameters (its doctest runs the double-well)."""
@@ -159,6 +161,7 @@ def predicted_santa(h, eps=1e-8):
     return g, xi, chain_cov(xi)[:d, :d]
 
 
+@pytest.mark.slow
 def test_beta_one_samples_the_posterior():
     """β = 1, ``num_exploration=math.inf``. The thermostat starts near its equilibrium (``ξ_0 = C sqrt(N) = 18``,
     the predicted ``ξ`` rounded): started elsewhere it moves at rate ``h`` and needs more steps than the warm-up to

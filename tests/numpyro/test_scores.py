@@ -40,6 +40,7 @@ def data():
     return jnp.asarray(X), jnp.asarray(y)
 
 
+@pytest.mark.slow
 def test_full_data_score_is_the_gradient_of_the_full_data_log_density(data):
     X, y = data
     rng = np.random.default_rng(1)
@@ -52,6 +53,7 @@ def test_full_data_score_is_the_gradient_of_the_full_data_log_density(data):
     np.testing.assert_allclose(score[:, 1:], want_w, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_sgrld_scores_are_in_the_unconstrained_coordinates(data):
     """SGRLD moves ``scale`` itself; the score is still that of ``log scale``, Jacobian included."""
 

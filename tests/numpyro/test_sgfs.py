@@ -144,6 +144,7 @@ def run_sgfs(fisher, num_samples, seed):
     return mcmc, np.asarray(mcmc.get_samples(group_by_chain=True)["w"], np.float64)
 
 
+@pytest.mark.slow
 def test_sgfs_full_matches_nuts(nuts_draws):
     """SGFS-f at α = 0: mean and covariance match full-data NUTS (paper 003, §5.1, Fig. 1 top)."""
     mcmc, draws = run_sgfs("full", 8_000, seed=2)
@@ -169,6 +170,7 @@ def test_sgfs_full_matches_nuts(nuts_draws):
     np.testing.assert_array_equal(mcmc.last_state.rule_state.t, 300 + 8_000)
 
 
+@pytest.mark.slow
 def test_sgfs_diagonal_mean_matches_nuts(nuts_draws):
     """SGFS-d at α = 0: the mean matches NUTS; the covariance is the predicted (too narrow) one."""
     mcmc, draws = run_sgfs("diagonal", 4_000, seed=3)
@@ -200,6 +202,7 @@ def two_site_model(X, y, c):
         numpyro.sample("c", dist.Bernoulli(logits=logits).to_event(1), obs=numpyro.subsample(c, event_dim=1))
 
 
+@pytest.mark.slow
 def test_per_example_scores_are_per_datum_gradients():
     rng = np.random.default_rng(0)
     Xs = jnp.asarray(rng.normal(size=(50, 3)), jnp.float32)
@@ -237,6 +240,7 @@ def test_other_kernels_do_not_compute_per_example_scores():
 
 
 # --- resumability ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_resume_continues_the_fisher_average():
     """A run of 20 warm-up + 30 steps resumed for 30 more equals one run of 20 + 60: same draws, same Î."""
     data = logistic_data(100)
@@ -327,6 +331,7 @@ def test_plate_requirements():
         _init(SGFS(lambda X, y: logistic(X, y, 1), alpha=0.0), data)
 
 
+@pytest.mark.slow
 def test_small_minibatch_warns():
     """n ≤ d: the Fisher estimate starts singular; the default ridge is too small for that."""
     Xw, yw = np.ones((100, 12), np.float32), np.zeros(100, np.float32)
@@ -366,6 +371,7 @@ def quadratic(x, y):
         numpyro.sample("y", dist.Normal(mean, 1.0), obs=numpyro.subsample(y, event_dim=0))
 
 
+@pytest.mark.slow
 def test_pymc3_sgfs_test_passes_from_the_prior_mean():
     """The defaults (α = 0 from an approximate mode) from PyMC3's start, the prior mean (1, 1, 1), with 5000
     warm-up steps: the posterior mean within 10 % of (1, 2, 3), as PyMC3's test asks (a fixed-step SGFS run

@@ -45,6 +45,12 @@ STEP, DIFFUSION = 5e-3, 2.0  # as test_posterior.py's "sgnht-multivariate-splitt
 NUM_CHAINS, NUM_WARMUP, NUM_SAMPLES, THINNING = 8, 2_000, 16_000, 4
 RTOL, ATOL = 1e-4, 1e-5  # float32 sums in another order, over a few hundred steps
 
+# subprocesses that compile every run afresh (~4 min of CPU in all): the slow tier only
+pytestmark = pytest.mark.slow
+# the tests that share the 4-device process run on one pytest-xdist worker (run with `--dist loadgroup`): else
+# each worker that gets one of them starts its own
+on_four_devices = pytest.mark.xdist_group("sharding_four_devices")
+
 COMMON = f"""
 import json, os, sys
 import jax, jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
@@ -123,7 +129,7 @@ print(json.dumps({{"devices": len(jax.devices()), "error": error, "sgfs_error": 
 KERNELS = COMMON + """
 import ppl_sgmcmc.numpyro as sg
 results = {}
-for name in TUNED_KERNELS:  # hands-off: the warm-up tunes the step size and the metric
+for name in sys.argv[2:]:  # hands-off: the warm-up tunes the step size and the metric
     for k in (1, 2, 4):
         mesh = data_mesh(jax.devices()[:k])
         data = (jnp.asarray(X), jnp.asarray(Y)) if k == 1 else shard_rows(X, Y, mesh=mesh)
@@ -185,6 +191,7 @@ def four_devices(tmp_path_factory):
     return dict(np.load(path)), info
 
 
+@on_four_devices
 @pytest.mark.parametrize("devices", [2, 4])
 def test_same_trajectory_as_one_device(four_devices, devices):
     """With the global draw, meshes of 2 and 4 devices follow the one-device (unsharded) trajectory (4: also the tuned
@@ -200,25 +207,22 @@ def test_same_trajectory_as_one_device(four_devices, devices):
     assert results["unsharded/log_likelihood"].shape == (2, 100, NUM_DATA)
 
 
-@pytest.fixture(scope="module")
-def tuned_kernels(tmp_path_factory):
-    path = tmp_path_factory.mktemp("sharding") / "kernels.npz"
-    _result(_run(KERNELS, path, devices=4))
-    return dict(np.load(path))
-
-
-@pytest.mark.parametrize("devices", [2, 4])
-def test_every_tuned_kernel_tunes_the_same_chain(tuned_kernels, devices):
+@pytest.mark.parametrize("name", TUNED_KERNELS)
+def test_every_tuned_kernel_tunes_the_same_chain(tmp_path, name):
     """Every kernel whose warm-up tunes, hands-off, follows the same chain on rows sharded over 2 and 4 devices as
     on one: the same step size and the same draws, to float rounding (the warm-up's decisions are continuous in
-    what it measures, so sums in another order do not change them)."""
-    results = tuned_kernels
-    for name in TUNED_KERNELS:
+    what it measures, so sums in another order do not change them). One process a kernel, so that pytest-xdist
+    spreads them."""
+    path = tmp_path / "kernels.npz"
+    _result(_run(KERNELS, path, name, devices=4))
+    results = dict(np.load(path))
+    for devices in (2, 4):
         for field in ("", "/step_size"):
             np.testing.assert_allclose(results[f"{name}/{devices}{field}"], results[f"{name}/1{field}"], rtol=RTOL,
-                                       atol=ATOL, err_msg=f"{name}{field}")  # fmt: skip
+                                       atol=ATOL, err_msg=f"{name} on {devices} devices{field}")  # fmt: skip
 
 
+@on_four_devices
 def test_parallel_chains_on_several_devices(four_devices):
     """``chain_method="parallel"`` (NumPyro's ``pmap`` over devices, which traces the kernel's ``init``) gives the
     draws of sequential chains, with a given and with a tuned step size; SGFS, whose start needs concrete values,
@@ -229,12 +233,14 @@ def test_parallel_chains_on_several_devices(four_devices):
     assert "chain_method='parallel' does not allow" in info["sgfs_error"] and "'vectorized'" in info["sgfs_error"]
 
 
+@on_four_devices
 def test_rows_that_do_not_divide_the_mesh(four_devices):
     _, info = four_devices
     assert "10 rows, which do not divide evenly over the mesh's data axis of 4 devices" in info["error"]
     assert "[1, 2]" in info["error"] and "drop the last 2 rows" in info["error"] and "pad to 12 rows" in info["error"]
 
 
+@on_four_devices
 def test_posterior_on_four_devices(four_devices):
     """SGNHT on data sharded over 4 devices: the conjugate posterior within Monte Carlo error."""
     results, _ = four_devices
@@ -260,6 +266,7 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+@on_four_devices
 def test_two_hosts(tmp_path, four_devices):
     """Two processes with 2 CPU devices each (gloo): the trajectory of one device, and clear errors."""
     results, _ = four_devices

@@ -66,6 +66,7 @@ def _run(model, data, kernel, num_chains=2, **options):
     return mcmc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [16, 1])
 @pytest.mark.parametrize(
     "kernel, num_chains",
@@ -93,6 +94,7 @@ def test_same_trajectory_as_on_the_device(memmap, kernel, num_chains, block):
     )
 
 
+@pytest.mark.slow
 def test_reading_ahead_is_resumable(memmap):
     """A chain continued from a state in the middle of a block of rows read ahead (another kernel object, as
     after a restart) follows the uninterrupted chain."""

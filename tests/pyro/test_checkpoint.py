@@ -45,6 +45,7 @@ def assert_states_equal(a, b):
         assert a == b
 
 
+@pytest.mark.slow
 def test_continuation_equals_one_run(logistic_data):
     """run(W + S1), then a new kernel continues the pickled ``last_state`` for S2 under another seed: the draws
     (deterministic sites included), the final state and the generator are those of run(W + S1 + S2)."""
@@ -69,6 +70,7 @@ def test_continuation_equals_one_run(logistic_data):
     assert torch.equal(run(again, logistic_data, warmup_steps=0, num_samples=30).get_samples()["w"], b["w"])
 
 
+@pytest.mark.slow
 def test_continuation_keeps_the_chains_warmup_windows():
     """CSGLD calibrates its grid in the warm-up; a continuation without warm-up keeps the chain's windows
     (an "auto" grid needs a warm-up) and its grid and θ: the same draws and weights as one run."""
@@ -98,6 +100,7 @@ def test_continuation_keeps_the_chains_warmup_windows():
     assert kernel.last_state.num_warmup == 40
 
 
+@pytest.mark.slow
 def test_checkpointed_run_interrupted_then_resumed(logistic_data, tmp_path):
     """4 chunks of 10 draws, Ctrl-C during the third; a new kernel and ``MCMC`` call ``run`` again (another
     global seed): the draws, divergences and ``num_diverging`` of one run, readable by ArviZ."""

@@ -112,7 +112,9 @@ CASES = {
 NUM_DRAWS = 25
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(  # each compiles a NumPyro run and traces a Pyro one: SGLD in the quick tier, all in the slow
+    "case", [case if case == "sgld" else pytest.param(case, marks=pytest.mark.slow) for case in CASES]
+)
 def test_same_gradient_and_noise_same_trajectory(case, monkeypatch):
     name, hyper = CASES[case]
     noises = np.random.default_rng(4).normal(size=(2 * NUM_DRAWS + 1, 3)).astype(np.float32)
@@ -135,7 +137,7 @@ def test_same_gradient_and_noise_same_trajectory(case, monkeypatch):
     pyro_kernel = getattr(pyro_backend, name)(potential_fn=energy_torch, **hyper)
     pyro_kernel.initial_params = {"x": torch.from_numpy(X0)}
     pyro_kernel.setup(0)
-    pyro_kernel._normal = lambda like: torch.from_numpy(next(queue))
+    pyro_kernel._normal = lambda like, shape=None, generator=None: torch.from_numpy(next(queue))
     params = pyro_kernel.initial_params
     for step, np_state in enumerate(np_states):
         params = pyro_kernel.sample(params)
@@ -173,7 +175,7 @@ def test_same_rejection_of_non_finite_steps(monkeypatch):
     kernel = pyro_backend.SGLD(potential_fn=energy_torch, step_size=2.0)
     kernel.initial_params = {"x": torch.from_numpy(X0)}
     kernel.setup(0)
-    kernel._normal = lambda like: torch.from_numpy(next(queue))
+    kernel._normal = lambda like, shape=None, generator=None: torch.from_numpy(next(queue))
     params = kernel.initial_params
     diverging = []
     for np_state in np_states:

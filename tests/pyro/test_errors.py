@@ -553,11 +553,14 @@ def _latent(prior, statistic):
     ],
     ids=["simplex", "positive", "ordered", "corr cholesky", "circular"],
 )
-def test_constrained_supports_run(prior, statistic):
+@pytest.mark.parametrize("hands_off", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["SGLD", "SGNHT"])
+def test_constrained_supports_run(prior, statistic, hands_off):
+    """SGLD with a given step size, and SGNHT hands-off (its warm-up finds the mode and tunes in the unconstrained
+    coordinates: the slow tier)."""
     model = _latent(prior, statistic)
-    for kernel in (SGLD(model, step_size=1e-3), SGNHT(model)):
-        x = _run(kernel, _Y, warmup_steps=300).get_samples()["x"]
-        assert torch.isfinite(x).all() and bool(prior.support.check(x).all())
+    kernel = SGNHT(model) if hands_off else SGLD(model, step_size=1e-3)
+    x = _run(kernel, _Y, warmup_steps=300).get_samples()["x"]
+    assert torch.isfinite(x).all() and bool(prior.support.check(x).all())
 
 
 @pytest.mark.parametrize(
@@ -620,6 +623,7 @@ def test_same_input_messages_as_numpyro():
         assert str(pyro_error.value) == expected
 
 
+@pytest.mark.slow
 def test_tuned_step_size_goes_back_with_its_preconditioner(logistic_data):
     """The recorded step size is one in the adapted preconditioner's coordinates: a new kernel takes it with the
     preconditioner (`tuned_options`) and continues the tuned chain as the tuned kernel does, draw for draw; a fresh

@@ -148,6 +148,7 @@ def exact_gradient(mu, x):
     return grad
 
 
+@pytest.mark.slow
 def test_fisher_identity_gradient_is_unbiased(data):
     """Averaged over minibatches and Gibbs draws, the kernel's stochastic gradient equals the gradient of
     the exact marginal potential (the memberships summed out)."""

@@ -59,6 +59,7 @@ def test_sequential_chains(sequential_chains):
     assert "scaled_w[1]" in out.getvalue() and "Number of divergences: 0" in out.getvalue()
 
 
+@pytest.mark.slow
 def test_parallel_chains_in_worker_processes(logistic_data, monkeypatch):
     """``num_chains=2`` in two spawned worker processes (the kernel and model are pickled). Pyro seeds
     worker ``i`` with ``initial_seed + i``, so chain 1 is the one-chain run after ``set_rng_seed(seed + 1)``."""

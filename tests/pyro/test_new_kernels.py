@@ -128,7 +128,7 @@ def test_same_gradient_and_noise_same_trajectory(case, monkeypatch):
     pyro_kernel = getattr(pyro_backend, name)(potential_fn=e_torch, **hyper)
     pyro_kernel.initial_params = {"x": torch.from_numpy(x0)}
     pyro_kernel.setup(num_warmup)
-    pyro_kernel._normal = lambda like: torch.from_numpy(next(queue))
+    pyro_kernel._normal = lambda like, shape=None, generator=None: torch.from_numpy(next(queue))
     params = _compare(case, pyro_kernel, np_states, pyro_kernel.initial_params)
     assert np.abs(params["x"].numpy() - x0).max() > 0.1  # the chain moved
     if name != "SGRLD":
@@ -185,7 +185,7 @@ def test_sgfs_same_minibatches_and_noise_same_trajectory(case):
     kernel = SGFS(pyro_logistic, **hyper)
     kernel.initial_params = {k: torch.as_tensor(v) for k, v in init.items()}
     kernel.setup(5, torch.from_numpy(X), torch.from_numpy(y))
-    kernel._normal = lambda like: torch.from_numpy(next(queue))
+    kernel._normal = lambda like, shape=None, generator=None: torch.from_numpy(next(queue))
     kernel._target.draw = lambda generator, bs: ({"data": torch.from_numpy(next(batches))}, bs)
     params = _compare(case, kernel, np_states, kernel.initial_params, rtol=1e-4, atol=1e-5)
     assert abs(float(params["w"][0]) - 0.9) > 1e-3  # the chain moved
@@ -203,7 +203,7 @@ def two_site_model(X, y, c):
         pyro.sample("c", dist.Bernoulli(logits=logits).to_event(1), obs=pyro.subsample(c, event_dim=1))
 
 
-@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("compiled", [pytest.param(True, marks=pytest.mark.slow), False])  # True: an Inductor compile
 def test_per_example_scores_are_per_datum_gradients(compiled):
     g = torch.Generator().manual_seed(0)
     Xs, ys = torch.randn(50, 3, generator=g), torch.randn(50, generator=g)
@@ -226,6 +226,7 @@ def test_per_example_scores_are_per_datum_gradients(compiled):
     np.testing.assert_allclose(result.per_example.mean(0).numpy(), result.score.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_sgfs_full_matches_the_exact_gaussian_posterior():
     """Conjugate linear regression (known noise): SGFS-f at α = 0 samples ``N(θ̂, I_N⁻¹)`` ≈ the exact
     posterior; mean within 5 MC standard errors, covariance within 25%. From the approximate mode

@@ -56,6 +56,10 @@ from tests.helpers import (
     sd_and_mcse,
 )
 
+# long chains sized by their Monte Carlo error (above): the slow tier; the quick tier runs every kernel on
+# small models (test_kernel.py and the kernels' own files)
+pytestmark = pytest.mark.slow
+
 NUM_DATA, NUM_FEATURES, BATCH = 300, 2, 100
 NOISE, PRIOR = 12.0, 1.0
 MAX_BIAS = 0.05

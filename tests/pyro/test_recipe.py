@@ -49,7 +49,7 @@ def test_sghmc_euler_is_an_instance():
 
 @pytest.mark.parametrize(
     "hyper",
-    [dict(D=riemann_D, Q=riemann_Q, momentum=True), dict(D=metric_D, Q=theta_Q)],
+    [pytest.param(dict(D=riemann_D, Q=riemann_Q, momentum=True), marks=pytest.mark.slow), dict(D=metric_D, Q=theta_Q)],
     ids=["dense-momentum-block-and-curl", "metric-and-curl-on-theta"],
 )
 def test_state_dependent_recipe_same_trajectory_as_numpyro(hyper, monkeypatch):

@@ -24,7 +24,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(  # one case in the quick tier, the others in the slow
+    "case", [case if case == "curvature-term" else pytest.param(case, marks=pytest.mark.slow) for case in CASES]
+)
 def test_same_trajectory_as_numpyro(case, monkeypatch):
     hyper, num_warmup = CASES[case]
     np_kernel = np_backend.Santa(potential_fn=energy_jax, **hyper)

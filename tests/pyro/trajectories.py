@@ -30,7 +30,7 @@ def assert_same_trajectory(monkeypatch, np_kernel, pyro_kernel, num_warmup=0, nu
     queue = iter(noises)
     pyro_kernel.initial_params = {"x": torch.from_numpy(x0)}
     pyro_kernel.setup(num_warmup)
-    pyro_kernel._normal = lambda like: torch.from_numpy(next(queue))
+    pyro_kernel._normal = lambda like, shape=None, generator=None: torch.from_numpy(next(queue))
     params = pyro_kernel.initial_params
     for draw, np_state in enumerate(np_states):
         params = pyro_kernel.sample(params)

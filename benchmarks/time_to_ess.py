@@ -1,0 +1,315 @@
+"""Time to a right posterior against N: ESS per second of logistic-regression weights, SG-MCMC against NUTS.
+
+**Data.** Synthetic logistic regressions shaped like a9a at N rows: each row is a row of a9a's training set drawn
+with replacement (:func:`make_data`), so the design keeps a9a's 123 binary features in one-hot groups (about 14
+ones a row) and its rare categories, the features that make a9a's posterior hard (directions that only the prior
+pins down next to directions with sd ~0.01); the labels are drawn from the model, ``y_i ~ Bernoulli(sigmoid(x_iᵀ
+w*))``, with ``w*`` the mean of the cached a9a NUTS posterior (:data:`benchmarks.a9a_vs_nuts.NUTS_CACHE`), which
+gives about a9a's share of positive labels. The model is the main job's,
+:func:`models.logistic_regression.model` (prior ``N(0, 10)``, minibatches of 100 rows).
+
+**Methods** (each (N, method) a fresh subprocess pinned by the caller, 4 chains, seed 0):
+
+* ``sgnht``, ``sgld``: the library's defaults, ``ppl_sgmcmc.numpyro.SGNHT(model, steps_per_sample=THIN)`` and
+  ``SGLD(model, steps_per_sample=THIN)`` with no step size (the warm-up finds a mode, builds the preconditioner
+  and tunes the step size), 4 chains vectorised under ``ppl_sgmcmc.numpyro.MCMC``;
+* ``nuts``: full-data NUTS hands-off, ``NUTS(model, dense_mass=True)`` from NumPyro's default initialisation,
+  4 chains one after the other;
+* ``nuts_map``: full-data NUTS helped: the mode found by L-BFGS (SciPy) on the full data, the Laplace mass
+  matrix (the inverse of the potential's Hessian there) kept fixed, only the step size adapted;
+* ``hmcecs``: NumPyro's ``HMCECS(NUTS(model, dense_mass=True), num_blocks=10, proxy=HMCECS.taylor_proxy(MAP))``
+  on subsamples of :data:`ECS_SUBSAMPLE` rows (the energy-conserving subsampling of Dang, Quiroz, Kohn, Tran and
+  Villani, "Hamiltonian Monte Carlo with Energy Conserving Subsampling", JMLR 2019), the MAP found as above.
+
+**Measured**: the wall time of the whole run (data on hand; compilation, mode finding, warm-up and sampling),
+the warm-up's and the sampling's share, the process's CPU time (``time.process_time``: on a shared machine
+wall time measures the load too), ArviZ's bulk ESS of each of the 123 weights (min and median) and the ESS per
+second of the whole run. Each run is capped at ``--cap`` seconds of wall time; a run over it is recorded as
+``capped`` (it is not affordable at that N), and the method is not run at the larger N of the same invocation
+(every method's cost grows with N). **Checked** against full-data NUTS at the same N
+(``nuts_map`` where it finished, else ``nuts``): the largest ``|mean_j - mean*_j| / sd*_j`` over the weights, the
+largest standardised difference ``|z_j| = |mean_j - mean*_j| / sqrt(sd_j²/ess_j + sd*_j²/ess*_j)`` (about 3.3
+at most over 123 weights when the difference is all Monte Carlo error) and the range of the sd ratios
+``sd_j / sd*_j``.
+
+Usage (from the repository root)::
+
+    taskset -c 1 .venv/bin/python -m benchmarks.time_to_ess --n 1e4 1e5          # every method
+    taskset -c 1 .venv/bin/python -m benchmarks.time_to_ess --n 1e6 --methods sgnht sgld nuts_map
+    taskset -c 1 .venv/bin/python -m benchmarks.time_to_ess --quick               # N = 1e4, short runs
+
+Writes ``benchmarks/results/time_to_ess.json`` (``time_to_ess_quick.json`` with ``--quick``; a run updates only
+the cells it ran), prints the table for ``RESULTS.md`` and draws ``benchmarks/results/time_to_ess.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+METHODS = ("sgnht", "sgld", "nuts", "nuts_map", "hmcecs")
+LABELS = {"sgnht": "SGNHT defaults", "sgld": "SGLD defaults", "nuts": "NUTS hands-off",
+          "nuts_map": "NUTS, MAP start + Laplace mass", "hmcecs": "HMCECS (Taylor proxy)"}  # fmt: skip
+#: SG-MCMC: warm-up and kept steps per chain, the kernel's thinning, minibatch rows.
+SG_WARMUP, SG_STEPS, THIN, BATCH = 20_000, 100_000, 50, 100
+#: NUTS and HMCECS: warm-up and kept draws per chain (``nuts_map`` adapts only its step size).
+NUTS_WARMUP, NUTS_SAMPLES, NUTS_MAP_WARMUP = 500, 500, 200
+ECS_SUBSAMPLE, ECS_BLOCKS = 1000, 10
+CHAINS, SEED = 4, 0
+#: The plot's open markers: runs whose worst weight has fewer effective draws (the end-of-run verdict's 100 a chain).
+MIXED_ESS = 100 * CHAINS
+#: ``--quick``: shorter runs (N = 1e4 unless ``--n`` is given).
+QUICK = {"SG_WARMUP": 4_000, "SG_STEPS": 20_000, "NUTS_WARMUP": 200, "NUTS_SAMPLES": 200, "NUTS_MAP_WARMUP": 100}
+
+
+def make_data(N: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``N`` rows of a9a's training features drawn with replacement and labels drawn from the model at the
+    cached NUTS posterior mean: ``(X (N, 123) float32, y (N,) float32)``."""
+    from benchmarks.a9a_vs_nuts import load_reference
+    from models.datasets import load_a9a
+
+    X_a9a = load_a9a()[0]
+    w_true = np.asarray(load_reference()["w_mean"], np.float64)
+    rng = np.random.default_rng(seed)
+    X = X_a9a[rng.integers(0, X_a9a.shape[0], N)]
+    p = 1.0 / (1.0 + np.exp(-(X @ w_true)))
+    y = (rng.random(N) < p).astype(np.float32)
+    return X, y
+
+
+# --- one (N, method), in a child process ------------------------------------------------------------------
+def _map_and_laplace(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The full-data posterior mode (L-BFGS) and the inverse Hessian of the potential there."""
+    import jax
+    import jax.numpy as jnp
+    from numpyro.infer.util import potential_energy
+    from scipy.optimize import minimize
+
+    from models.logistic_regression import model
+
+    Xj, yj = jnp.asarray(X), jnp.asarray(y)
+
+    def potential(w: jax.Array) -> jax.Array:
+        return potential_energy(model, (Xj, yj), {"batch_size": None}, {"w": w})
+
+    value_and_grad = jax.jit(jax.value_and_grad(potential))
+
+    def fun(w: np.ndarray) -> tuple[float, np.ndarray]:
+        value, grad = value_and_grad(jnp.asarray(w, jnp.float32))
+        return float(value), np.asarray(grad, np.float64)
+
+    result = minimize(fun, np.zeros(X.shape[1]), jac=True, method="L-BFGS-B", options={"maxiter": 2000})
+    hessian = np.asarray(jax.jit(jax.hessian(potential))(jnp.asarray(result.x, jnp.float32)), np.float64)
+    return result.x.astype(np.float32), np.linalg.inv(hessian)
+
+
+def _warmup_and_sample(mcmc: Any, start: float, X: Any, y: Any, batch: int | None) -> tuple[Any, float, float]:
+    """``mcmc``'s warm-up, then its sampling: ``(draws of w (chains, draws, d), seconds from start to the end of the
+    warm-up, seconds of sampling)``."""
+    import jax
+
+    mcmc.warmup(jax.random.PRNGKey(SEED), X, y, batch_size=batch)
+    jax.block_until_ready(mcmc.post_warmup_state)
+    warmup = time.perf_counter() - start
+    mcmc.run(mcmc.post_warmup_state.rng_key, X, y, batch_size=batch)
+    w = mcmc.get_samples(group_by_chain=True)["w"]
+    jax.block_until_ready(w)
+    return w, warmup, time.perf_counter() - start - warmup
+
+
+def _run_sg(name: str, X: Any, y: Any, cfg: dict[str, int]) -> tuple[Any, float, float]:
+    """The SGNHT or SGLD defaults, 4 chains vectorised (see the module docstring)."""
+    from models.logistic_regression import model
+    from ppl_sgmcmc.numpyro import MCMC, SGLD, SGNHT
+
+    kernel = (SGNHT if name == "sgnht" else SGLD)(model, steps_per_sample=THIN)
+    mcmc = MCMC(kernel, num_warmup=cfg["SG_WARMUP"] // THIN, num_samples=cfg["SG_STEPS"] // THIN,
+                num_chains=CHAINS, chain_method="vectorized", progress_bar=False)  # fmt: skip
+    return _warmup_and_sample(mcmc, time.perf_counter(), X, y, BATCH)
+
+
+def _run_nuts(name: str, X: Any, y: Any, cfg: dict[str, int]) -> tuple[Any, float, float]:
+    """NUTS hands-off, NUTS helped, or HMCECS, 4 chains one after the other (see the module docstring)."""
+    from numpyro.infer import HMCECS, MCMC, NUTS, init_to_value
+
+    from models.logistic_regression import model
+
+    start = time.perf_counter()
+    num_warmup, batch = cfg["NUTS_WARMUP"], None
+    if name == "nuts":
+        kernel: Any = NUTS(model, dense_mass=True)
+    else:
+        mode, inverse_mass = _map_and_laplace(X, y)
+        init = init_to_value(values={"w": mode})
+        if name == "nuts_map":
+            kernel = NUTS(model, dense_mass=True, inverse_mass_matrix=inverse_mass, adapt_mass_matrix=False,
+                          init_strategy=init)  # fmt: skip
+            num_warmup = cfg["NUTS_MAP_WARMUP"]
+        else:
+            kernel = HMCECS(NUTS(model, dense_mass=True, init_strategy=init), num_blocks=ECS_BLOCKS,
+                            proxy=HMCECS.taylor_proxy({"w": mode}))  # fmt: skip
+            batch = ECS_SUBSAMPLE
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=cfg["NUTS_SAMPLES"], num_chains=CHAINS,
+                chain_method="sequential", progress_bar=False)  # fmt: skip
+    return _warmup_and_sample(mcmc, start, X, y, batch)
+
+
+def child(N: int, name: str, quick: bool) -> dict[str, Any]:
+    """Run ``name`` on the data of ``N`` rows: the row of the table and each weight's mean, sd and bulk ESS."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import arviz as az
+    import jax.numpy as jnp
+
+    cfg = {key: globals()[key] for key in QUICK} | (QUICK if quick else {})
+    X_np, y_np = make_data(N)
+    X, y = jnp.asarray(X_np), jnp.asarray(y_np)
+    del X_np
+    cpu = time.process_time()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w, warmup, sampling = (_run_sg if name.startswith("sg") else _run_nuts)(name, X, y, cfg)
+    cpu = time.process_time() - cpu
+    w = np.asarray(w, np.float64)
+    ess = az.ess(az.convert_to_dataset({"w": w}), method="bulk").w.values
+    rhat = az.rhat(az.convert_to_dataset({"w": w})).w.values
+    flat = w.reshape(-1, w.shape[-1])
+    total = warmup + sampling
+    return {"N": N, "method": name, "wall_s": total, "warmup_s": warmup, "sampling_s": sampling, "cpu_s": cpu,
+            "ess_min": float(ess.min()), "ess_median": float(np.median(ess)),
+            "ess_per_s_min": float(ess.min() / total), "ess_per_s_median": float(np.median(ess) / total),
+            "draws": int(flat.shape[0]), "rhat_max": float(rhat.max()),
+            "warnings": sorted({f"{c.category.__name__}: {str(c.message)[:300]}" for c in caught}),
+            "positive_rate": float(np.mean(y_np)),
+            "w_mean": flat.mean(0).tolist(), "w_sd": flat.std(0, ddof=1).tolist(), "w_ess": ess.tolist()}  # fmt: skip
+
+
+# --- the parent: runs, checks, table, plot ------------------------------------------------------------------
+def check(run: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
+    """``run``'s weights against the NUTS run ``ref``: largest mean error in NUTS sds, largest standardised
+    difference, and the range and median of the sd ratios."""
+    mean, sd, ess = (np.asarray(run[k]) for k in ("w_mean", "w_sd", "w_ess"))
+    mean_ref, sd_ref, ess_ref = (np.asarray(ref[k]) for k in ("w_mean", "w_sd", "w_ess"))
+    ratio = sd / sd_ref
+    z = (mean - mean_ref) / np.sqrt(sd**2 / ess + sd_ref**2 / ess_ref)
+    return {"reference": ref["method"], "mean_err_max": float(np.max(np.abs(mean - mean_ref) / sd_ref)),
+            "z_max": float(np.max(np.abs(z))), "sd_ratio_min": float(ratio.min()),
+            "sd_ratio_median": float(np.median(ratio)), "sd_ratio_max": float(ratio.max())}  # fmt: skip
+
+
+def _reference(cells: dict[str, Any], N: int, name: str) -> dict[str, Any] | None:
+    for ref_name in ("nuts_map", "nuts"):
+        ref = cells.get(f"{N}/{ref_name}")
+        if ref_name != name and ref is not None and "w_mean" in ref:
+            return ref
+    return None
+
+
+def _rows(N: int) -> str:
+    """``N`` as ``1e4`` (a power of ten) or with thousands separators."""
+    return f"{N:.0e}".replace("e+0", "e") if f"{N:.0e}" == f"{N:.6e}".replace(".000000", "") else f"{N:,}"
+
+
+def table(cells: dict[str, Any]) -> str:
+    """The Markdown table of every cell, by N then method."""
+    lines = ["| N | method | ESS/s min | ESS/s median | ESS min / median | wall (s) | warm-up (s) | sampling (s) "
+             "| CPU (s) | max mean error (NUTS sd) | max \\|z\\| | sd ratio min-median-max |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for key in sorted(cells, key=lambda k: (int(k.split("/")[0]), METHODS.index(k.split("/")[1]))):
+        cell = cells[key]
+        N, name = cell["N"], LABELS[cell["method"]]
+        if "capped" in cell:
+            lines.append(f"| {_rows(N)} | {name} | over the cap ({cell['capped']:.0f} s) | | | | | | | | | |")
+            continue
+        ref = _reference(cells, N, cell["method"])
+        c = check(cell, ref) if ref is not None else None
+        fidelity = (f"{c['mean_err_max']:.2f} | {c['z_max']:.1f} | {c['sd_ratio_min']:.2f}-{c['sd_ratio_median']:.2f}-"
+                    f"{c['sd_ratio_max']:.2f}" if c else "the reference | | " if cell["method"] == "nuts_map"
+                    else "no NUTS | | ")  # fmt: skip
+        lines.append(f"| {_rows(N)} | {name} | {cell['ess_per_s_min']:.2f} | {cell['ess_per_s_median']:.2f} | "
+                     f"{cell['ess_min']:.0f} / {cell['ess_median']:.0f} | {cell['wall_s']:.0f} | {cell['warmup_s']:.0f} "
+                     f"| {cell['sampling_s']:.0f} | {cell['cpu_s']:.0f} | {fidelity} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(cells: dict[str, Any], path: Path) -> None:
+    """ESS/s (the smallest over the weights) against N, log-log, one line per method (no point where a run was over
+    the cap; an open one where the worst weight has fewer than :data:`MIXED_ESS` effective draws)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name in METHODS:
+        runs = sorted((c["N"], c["ess_per_s_min"], c["ess_min"]) for c in cells.values()
+                      if c["method"] == name and "capped" not in c)  # fmt: skip
+        if runs:
+            (line,) = ax.plot([r[0] for r in runs], [r[1] for r in runs], marker="o", label=LABELS[name])
+            unmixed = [(N, rate) for N, rate, ess in runs if ess < MIXED_ESS]
+            if unmixed:
+                ax.plot(*zip(*unmixed), "o", markerfacecolor="white", color=line.get_color())
+    ax.set(xscale="log", yscale="log", xlabel="N (rows)", ylabel="min bulk ESS / s (whole run)",
+           title="a9a-shaped logistic regression, d = 123\n(no point: over the time cap; open: min ESS < 400)")  # fmt: skip
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", nargs="+", type=float, default=None, help="rows, e.g. 1e4 1e5 (default 1e4 1e5 1e6)")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--quick", action="store_true", help="short runs, N = 1e4 unless --n says otherwise")
+    parser.add_argument("--cap", type=float, default=300.0, help="wall-time cap of each run, seconds (default 300)")
+    parser.add_argument("--child", nargs=2, metavar=("N", "METHOD"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(int(args.child[0]), args.child[1], args.quick)))
+        return
+    sizes = [int(n) for n in (args.n or ([1e4] if args.quick else [1e4, 1e5, 1e6]))]
+    if any(n < 100 for n in sizes):
+        parser.error("--n: give row counts of at least 100, e.g. --n 1e4 1e5")
+    path = RESULTS / ("time_to_ess_quick.json" if args.quick else "time_to_ess.json")
+    cells: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    env = dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu")
+    capped: set[str] = set()
+    for N in sorted(sizes):
+        for name in args.methods:
+            if name in capped:
+                print(f"N={N:.0e} {name}: not run, over the cap at a smaller N", flush=True)
+                continue
+            command = [sys.executable, "-m", "benchmarks.time_to_ess", "--child", str(N), name]
+            command += ["--quick"] if args.quick else []
+            start = time.perf_counter()
+            try:
+                out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.cap)
+            except subprocess.TimeoutExpired:
+                cells[f"{N}/{name}"] = {"N": N, "method": name, "capped": args.cap}
+                capped.add(name)
+                print(f"N={N:.0e} {name}: over the cap of {args.cap:.0f} s", flush=True)
+            else:
+                if out.returncode != 0:
+                    print(f"N={N:.0e} {name}: failed\n{out.stderr[-3000:]}", flush=True)
+                    continue
+                cells[f"{N}/{name}"] = json.loads(out.stdout.strip().splitlines()[-1])
+                cell = cells[f"{N}/{name}"]
+                print(f"N={N:.0e} {name}: {cell['ess_per_s_min']:.2f} ESS/s (min), wall {cell['wall_s']:.0f} s "
+                      f"({time.perf_counter() - start:.0f} s with data)", flush=True)  # fmt: skip
+            path.write_text(json.dumps(cells, indent=1))
+    print(table(cells))
+    plot(cells, path.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
