@@ -1,18 +1,22 @@
 """External ground truth: the hands-off kernels against reference posteriors that this project did not compute.
 
-**The posteriors** come from posteriordb (https://github.com/stan-dev/posteriordb): each has a Stan model, its
-data and reference draws from long Stan NUTS runs (10 chains × 1000 draws). Kept are those with a data plate of
-N >= 400 rows: the ARM regressions on ``earnings`` (N = 1192), ``kidiq`` and ``kidiq_with_mom_work`` (434), four
-years of ``nes`` (476-1350), brms's ``diamonds`` (5000 rows, 24 correlated predictors) and the two-component
-Gaussian mixture ``low_dim_gauss_mix`` (1000). Each Stan model is translated by hand into NumPyro (:func:`linear_model`,
-:func:`kidiq_model`, :func:`diamonds_model`, :func:`gauss_mix_model`): the same parameters, constraints, priors
-and transformed data, the likelihood in a ``"data"`` plate subsampled to ``batch_size`` rows (``None``: all).
-Where the Stan model has no prior (Stan's implicit flat prior on ``beta`` and on ``sigma > 0``), the translation
-uses ``Normal(0, width)`` and ``HalfNormal(width)`` with ``width = 10^ceil(log10(100 max|y|))``, far wider than the
-posterior; each posterior's metadata says so. Each translation was checked against the reference draws with a
-short full-data NumPyro NUTS run (dense mass, 2 chains × (500 + 500), seed 0): it passes when every parameter's
-mean is within 0.15 reference sd and every sd within 15 %; the result is stored with the posterior, and a
-posterior that fails is dropped (``--build`` lists it).
+**The posteriors** come from posteriordb (https://github.com/stan-dev/posteriordb): each has a Stan model, its data
+and reference draws from long Stan NUTS runs (10 chains × 1000 draws). Kept are those with a data plate of N >= 400
+rows: the ARM regressions on ``earnings`` (N = 1192), ``kidiq`` and ``kidiq_with_mom_work`` (434), four years of
+``nes`` (476-1350), brms's ``diamonds`` (5000 rows, 24 correlated predictors) and the two-component Gaussian mixture
+``low_dim_gauss_mix`` (1000). Each Stan model is translated by hand (:func:`linear_model`, :func:`kidiq_model`,
+:func:`diamonds_model`, :func:`gauss_mix_model`), once for both backends: a model takes the language (:class:`PPL`:
+NumPyro's or Pyro's ``sample``, ``plate``, ``subsample`` and distributions) as its first argument. The same
+parameters, constraints, priors and transformed data, the likelihood in a ``"data"`` plate subsampled to
+``batch_size`` rows (``None``: all). Where the Stan model has no prior (Stan's implicit flat prior on ``beta`` and
+on ``sigma > 0``), the translation uses ``Normal(0, width)`` and ``HalfNormal(width)`` with ``width =
+10^ceil(log10(100 max|y|))``, far wider than the posterior; each posterior's metadata says so. Each translation was
+checked against the reference draws with a short full-data NumPyro NUTS run (dense mass, 2 chains × (500 + 500),
+seed 0): it passes when every parameter's mean is within 0.15 reference sd and every sd within 15 %; the result is
+stored with the posterior, and a posterior that fails is dropped (``--build`` lists it). The Pyro translation is
+checked against the NumPyro one (:func:`pyro_translation_check`, at the start of each posterior's Pyro cells): their
+full-data log joint densities, in float64, must differ by one constant (to 1e-8 relative) at 10 reference draws and
+10 points far in the tails; a posterior that fails runs no Pyro cell.
 
 **The data** live in ``benchmarks/reference_data/`` (``<posterior>.npz``: the data after Stan's transformed data,
 the reference's means, sds and covariance over all 10 000 draws, 1000 thinned draws, and ``meta``, a JSON
@@ -20,33 +24,45 @@ string: provenance, prior notes, the posterior correlation matrix's condition nu
 check), with a README giving provenance and citations. ``--build SNAPSHOT`` regenerates the folder from a
 posteriordb snapshot (a checkout, or a bare git directory whose ``HEAD`` is read), rerunning the checks.
 
-**Per cell** (a posterior × a kernel of ``ppl_sgmcmc.numpyro``: SGLD, SGHMC, SGNHT, PSGLD, CSGLD), hands-off:
-``Kernel(model)`` with no step size, the minibatch ``subsample_size = max(32, round(0.08 N))``, run by
-``ppl_sgmcmc.numpyro.MCMC(kernel, num_warmup=W, num_samples=S, num_chains=4, chain_method="vectorized")``.
-CSGLD's draws are importance-weighted (per-chain self-normalised weights, as ``ppl_sgmcmc.importance``), its
-moments are the weighted ones. Measured: ``max_p |mean_p - ref mean_p| / ref sd_p`` and the sd ratios
-``sd_p / ref sd_p`` (min, max) over the parameters ``p`` (the Stan model's parameters, constrained); the cell
-**passes** when the max error is <= 0.2 and every sd ratio is in [0.8, 1.25]. Every warning the run raises is
-recorded (``warnings.catch_warnings(record=True)``, ``simplefilter("always")``; the first 200 characters of
-each distinct text). A cell's **status**: ``pass``; ``warn``, failed but the run raised a ``RuntimeWarning`` (or
-an exception); ``silent``, failed without a ``RuntimeWarning``: the library's worst outcome.
+**Per cell** (a posterior × a kernel: SGLD, SGHMC, SGNHT, PSGLD, CSGLD), hands-off: ``Kernel(model)`` with no step
+size, the minibatch ``subsample_size = max(32, round(0.08 N))``. On NumPyro (``--backend numpyro``, the default;
+cells keyed by the kernel's name) ``ppl_sgmcmc.numpyro.MCMC(kernel, num_warmup=W, num_samples=S, num_chains=4,
+chain_method="vectorized")``, every step kept. On Pyro (``--backend pyro``; cells keyed ``pyro:<kernel>``, in
+``reference_posteriors_pyro*.json``) ``pyro.infer.MCMC(Kernel(model, steps_per_sample=5), warmup_steps=W // 5,
+num_samples=S // 5, num_chains=4)``: the same W and S steps per chain, every 5th kept; the chains run one after the
+other in the process (``torch.set_num_threads(1)``, ``pyro.set_rng_seed(seed)``), and each chain is judged alone at
+its end. CSGLD's draws are importance-weighted (per-chain self-normalised weights, as ``ppl_sgmcmc.importance``),
+its moments are the weighted ones. Measured: ``max_p |mean_p - ref mean_p| / ref sd_p`` and the sd ratios ``sd_p /
+ref sd_p`` (min, max) over the parameters ``p`` (the Stan model's parameters, constrained); the cell **passes** when
+the max error is <= 0.2 and every sd ratio is in [0.8, 1.25]. Every warning the run raises is recorded
+(``warnings.catch_warnings(record=True)``, ``simplefilter("always")``; the first 200 characters of each distinct
+text). A cell's **status**: ``pass``; ``warn``, failed but the run raised a ``RuntimeWarning`` (or an exception);
+``silent``, failed without a ``RuntimeWarning``: the library's worst outcome. Each cell also records ``verdict``,
+the end-of-run verdict on all its chains together (``ppl_sgmcmc.diagnostics.verdict``, without warning: R-hat, bulk
+and tail ESS, drift, the noise ratio's upper quantile), and its ``steps``.
 
 Usage (from the repository root)::
 
     .venv/bin/python -m benchmarks.reference_posteriors                 # W = 10 000, S = 40 000 steps per chain
     .venv/bin/python -m benchmarks.reference_posteriors --quick         # W = 2000, S = 8000
     .venv/bin/python -m benchmarks.reference_posteriors --quick --kernels SGLD SGNHT --posteriors diamonds-diamonds
+    .venv/bin/python -m benchmarks.reference_posteriors --backend pyro --kernels SGNHT --steps 4000 16000
+    .venv/bin/python -m benchmarks.reference_posteriors --table           # the table of both backends' files
     .venv/bin/python -m benchmarks.reference_posteriors --build /path/to/posteriordb   # regenerate the data
 
-Writes ``benchmarks/results/reference_posteriors.json`` (``reference_posteriors_quick.json`` with ``--quick``);
-a run of a subset updates the cells it ran. Prints a Markdown table of the file's cells (posterior, N, d,
-condition number, then per kernel: status, max error / sd ratio range) and the counts of pass, warn, silent.
+Writes ``benchmarks/results/reference_posteriors.json`` (``reference_posteriors_quick.json`` with ``--quick``;
+``reference_posteriors_pyro[_quick].json`` with ``--backend pyro``; ``--steps W S`` overrides the preset's steps
+but not the file); a run of a subset updates the cells it ran (added to the file as it is when the cell ends, so
+runs of other subsets can share it). Prints a Markdown table of both backends' files (posterior, N, d, condition
+number, then per kernel and backend: status, max error / sd ratio range) and the counts of pass, warn, silent,
+per column with the steps used.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import io
 import json
 import math
@@ -77,47 +93,61 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE / "reference_data"
 RESULTS = HERE / "results"
 KERNELS = ("SGLD", "SGHMC", "SGNHT", "PSGLD", "CSGLD")
+BACKENDS = ("numpyro", "pyro")
 CHAINS, BATCH_FRACTION, MIN_BATCH = 4, 0.08, 32
 MEAN_BOUND, SD_BOUNDS = 0.2, (0.8, 1.25)
 STEPS = {"quick": (2000, 8000), "full": (10_000, 40_000)}  # (W, S) per chain
 CHECK_MEAN, CHECK_SD = 0.15, 0.15  # the translation check's bounds (in reference sds; relative)
 KEPT_DRAWS = 1000
+PYRO_STEPS_PER_SAMPLE = 5  # Pyro: each kept draw is every 5th step (amortises Pyro's per-draw cost)
 
 
-# --- the models: hand translations of posteriordb's Stan models --------------------------------------------
-def _normal_plate(X: jax.Array, y: jax.Array, offset: Any, beta: jax.Array, sigma: jax.Array,
-                  batch_size: int | None) -> None:
+# --- the models: hand translations of posteriordb's Stan models, written once for both backends -------------
+@dataclass(frozen=True)
+class PPL:
+    """What a model needs of its probabilistic programming language: NumPyro's or Pyro's ``sample``, ``plate``,
+    ``subsample`` and distributions, the array library's ``stack`` and the ordered-vector prior."""
+
+    sample: Callable[..., Any]
+    plate: Callable[..., Any]
+    subsample: Callable[..., Any]
+    dist: Any
+    stack: Callable[..., Any]
+    sorted_normal: Callable[[float, int], Any]
+
+
+def _normal_plate(ppl: PPL, X: Any, y: Any, offset: Any, beta: Any, sigma: Any, batch_size: int | None) -> None:
     """``y ~ Normal(offset + X beta, sigma)`` over the rows, subsampled to ``batch_size``."""
-    with numpyro.plate("data", X.shape[0], subsample_size=batch_size):
-        Xb = numpyro.subsample(X, event_dim=1)
-        yb = numpyro.subsample(y, event_dim=0)
-        numpyro.sample("y", dist.Normal(offset + Xb @ beta, sigma), obs=yb)
+    with ppl.plate("data", X.shape[0], subsample_size=batch_size):
+        Xb = ppl.subsample(X, event_dim=1)
+        yb = ppl.subsample(y, event_dim=0)
+        ppl.sample("y", ppl.dist.Normal(offset + Xb @ beta, sigma), obs=yb)
 
 
-def linear_model(X: jax.Array, y: jax.Array, width: float, batch_size: int | None = None) -> None:
+def linear_model(ppl: PPL, X: Any, y: Any, width: float, batch_size: int | None = None) -> None:
     """The ARM regressions (``earnings``, ``kidiq_with_mom_work``, ``nes``): ``y ~ normal(X beta, sigma)``, ``X``'s
     first column the intercept's ones. Stan has no prior (flat): ``Normal(0, width)`` and ``HalfNormal(width)``."""
-    beta = numpyro.sample("beta", dist.Normal(0.0, width).expand([X.shape[1]]).to_event(1))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(width))
-    _normal_plate(X, y, 0.0, beta, sigma, batch_size)
+    beta = ppl.sample("beta", ppl.dist.Normal(0.0, width).expand([X.shape[1]]).to_event(1))
+    sigma = ppl.sample("sigma", ppl.dist.HalfNormal(width))
+    _normal_plate(ppl, X, y, 0.0, beta, sigma, batch_size)
 
 
-def kidiq_model(X: jax.Array, y: jax.Array, width: float, batch_size: int | None = None) -> None:
+def kidiq_model(ppl: PPL, X: Any, y: Any, width: float, batch_size: int | None = None) -> None:
     """The ``kidiq`` regressions: as :func:`linear_model` but ``sigma ~ cauchy(0, 2.5)`` (half-Cauchy on
     ``sigma > 0``); ``beta`` has no prior in Stan (flat): ``Normal(0, width)``."""
-    beta = numpyro.sample("beta", dist.Normal(0.0, width).expand([X.shape[1]]).to_event(1))
-    sigma = numpyro.sample("sigma", dist.HalfCauchy(2.5))
-    _normal_plate(X, y, 0.0, beta, sigma, batch_size)
+    beta = ppl.sample("beta", ppl.dist.Normal(0.0, width).expand([X.shape[1]]).to_event(1))
+    sigma = ppl.sample("sigma", ppl.dist.HalfCauchy(2.5))
+    _normal_plate(ppl, X, y, 0.0, beta, sigma, batch_size)
 
 
-def diamonds_model(X: jax.Array, y: jax.Array, batch_size: int | None = None) -> None:
+def diamonds_model(ppl: PPL, X: Any, y: Any, batch_size: int | None = None) -> None:
     """brms's ``diamonds``: ``b ~ normal(0, 1)``, ``Intercept ~ student_t(3, 8, 10)``, ``sigma ~ student_t(3, 0,
     10)`` truncated to ``sigma > 0`` (a half-t), ``Y ~ normal(Intercept + Xc b, sigma)`` with ``Xc`` the centred
     predictors (Stan's transformed data, computed by ``--build``)."""
-    b = numpyro.sample("b", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-    intercept = numpyro.sample("Intercept", dist.StudentT(3.0, 8.0, 10.0))
-    sigma = numpyro.sample("sigma", dist.FoldedDistribution(dist.StudentT(3.0, 0.0, 10.0)))
-    _normal_plate(X, y, intercept, b, sigma, batch_size)
+    b = ppl.sample("b", ppl.dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    intercept = ppl.sample("Intercept", ppl.dist.StudentT(3.0, 8.0, 10.0))
+    sigma = ppl.sample("sigma", ppl.dist.FoldedDistribution(ppl.dist.StudentT(3.0, 0.0, 10.0)))
+    _normal_plate(ppl, X, y, intercept, b, sigma, batch_size)
 
 
 class SortedNormal(dist.Distribution):
@@ -138,20 +168,45 @@ class SortedNormal(dist.Distribution):
         return dist.Normal(0.0, self.scale).log_prob(value).sum(-1) + math.lgamma(self.k + 1)
 
 
-def gauss_mix_model(y: jax.Array, batch_size: int | None = None) -> None:
+def gauss_mix_model(ppl: PPL, y: Any, batch_size: int | None = None) -> None:
     """``low_dim_gauss_mix``: ``ordered[2] mu ~ normal(0, 2)``, ``sigma[k] ~ normal(0, 2)`` on ``sigma > 0``,
     ``theta ~ beta(5, 5)``, ``y ~ theta normal(mu[1], sigma[1]) + (1 - theta) normal(mu[2], sigma[2])``."""
-    mu = numpyro.sample("mu", SortedNormal(2.0, 2))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0).expand([2]).to_event(1))
-    theta = numpyro.sample("theta", dist.Beta(5.0, 5.0))
-    mixing = dist.Categorical(probs=jnp.stack([theta, 1.0 - theta]))
-    with numpyro.plate("data", y.shape[0], subsample_size=batch_size):
-        yb = numpyro.subsample(y, event_dim=0)
-        numpyro.sample("y", dist.MixtureSameFamily(mixing, dist.Normal(mu, sigma)), obs=yb)
+    mu = ppl.sample("mu", ppl.sorted_normal(2.0, 2))
+    sigma = ppl.sample("sigma", ppl.dist.HalfNormal(2.0).expand([2]).to_event(1))
+    theta = ppl.sample("theta", ppl.dist.Beta(5.0, 5.0))
+    mixing = ppl.dist.Categorical(probs=ppl.stack([theta, 1.0 - theta]))
+    with ppl.plate("data", y.shape[0], subsample_size=batch_size):
+        yb = ppl.subsample(y, event_dim=0)
+        ppl.sample("y", ppl.dist.MixtureSameFamily(mixing, ppl.dist.Normal(mu, sigma)), obs=yb)
 
 
 MODELS: dict[str, Callable[..., None]] = {"linear": linear_model, "kidiq": kidiq_model, "diamonds": diamonds_model,
                                           "gauss_mix": gauss_mix_model}
+NUMPYRO = PPL(numpyro.sample, numpyro.plate, numpyro.subsample, dist, jnp.stack, SortedNormal)
+
+
+def pyro_ppl() -> PPL:
+    """Pyro's :class:`PPL` (imported on first use: a NumPyro run does not load torch)."""
+    import pyro
+    import torch
+
+    class TorchSortedNormal(pyro.distributions.TorchDistribution):
+        """:class:`SortedNormal` for Pyro."""
+
+        arg_constraints: dict = {}
+        support = pyro.distributions.constraints.ordered_vector
+
+        def __init__(self, scale: float, k: int) -> None:
+            self.scale, self.k = scale, k
+            super().__init__(batch_shape=torch.Size(), event_shape=torch.Size([k]), validate_args=False)
+
+        def sample(self, sample_shape: torch.Size | list[int] | tuple[int, ...] = ()) -> torch.Tensor:
+            return torch.sort(self.scale * torch.randn(*sample_shape, self.k), dim=-1).values
+
+        def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+            return torch.distributions.Normal(0.0, self.scale).log_prob(value).sum(-1) + math.lgamma(self.k + 1)
+
+    return PPL(pyro.sample, pyro.plate, pyro.subsample, pyro.distributions, torch.stack, TorchSortedNormal)
 
 
 # --- the posteriors: Stan's transformed data, per posteriordb posterior ------------------------------------
@@ -244,22 +299,31 @@ class Posterior:
         return max(MIN_BATCH, round(BATCH_FRACTION * self.num_data))
 
 
-def model_args(kind: str, X: np.ndarray | None, y: np.ndarray, width: float | None) -> tuple:
-    """The model's positional arguments from the stored data (float32)."""
-    y32 = jnp.asarray(y, jnp.float32)
-    if kind == "gauss_mix":
-        return (y32,)
-    X32 = jnp.asarray(X, jnp.float32)
-    return (X32, y32) if kind == "diamonds" else (X32, y32, width)
+def model_args(kind: str, X: np.ndarray | None, y: np.ndarray, width: float | None,
+               as_array: Callable[[np.ndarray], Any] = lambda a: jnp.asarray(a, jnp.float32)) -> tuple:
+    """The model's positional arguments from the stored data (``as_array``: to the backend's float32 array)."""
+    if X is None:  # gauss_mix
+        return (as_array(y),)
+    return (as_array(X), as_array(y)) if kind == "diamonds" else (as_array(X), as_array(y), width)
 
 
-def load(name: str) -> Posterior:
+def _torch_float32(a: np.ndarray) -> Any:
+    import torch
+
+    return torch.as_tensor(np.asarray(a, np.float32))
+
+
+def load(name: str, backend: str = "numpyro") -> Posterior:
+    """The stored posterior, its model and arguments in ``backend``'s language (``"numpyro"`` or ``"pyro"``)."""
+    ppl, as_array = (NUMPYRO, lambda a: jnp.asarray(a, jnp.float32)) if backend == "numpyro" else (
+        pyro_ppl(), _torch_float32)  # fmt: skip
     with np.load(DATA / f"{name}.npz") as f:
         meta = json.loads(str(f["meta"]))
         X = f["X"] if "X" in f.files else None
-        args = model_args(meta["model"], X, f["y"], meta["prior_width"])
-        return Posterior(name, MODELS[meta["model"]], args, int(f["y"].shape[0]), meta["parameters"],
-                         f["ref_mean"].astype(np.float64), f["ref_sd"].astype(np.float64), meta)
+        args = model_args(meta["model"], X, f["y"], meta["prior_width"], as_array)
+        return Posterior(name, functools.partial(MODELS[meta["model"]], ppl), args, int(f["y"].shape[0]),
+                         meta["parameters"], f["ref_mean"].astype(np.float64), f["ref_sd"].astype(np.float64),
+                         meta)  # fmt: skip
 
 
 def available() -> list[str]:
@@ -328,6 +392,66 @@ def translation_check(post: Posterior) -> dict[str, Any]:
             "bounds": f"mean within {CHECK_MEAN} ref sd, sd within {CHECK_SD:.0%}"}
 
 
+def _unflatten(row: np.ndarray, names: list[str], shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """One draw in Stan's names' order as ``{site: value}`` (the inverse of :func:`flatten`)."""
+    out = {site: np.zeros(shape) for site, shape in shapes.items()}
+    for value, name in zip(row, names):
+        site, _, index = name.partition("[")
+        out[site][(int(index[:-1]) - 1,) if index else ()] = value
+    return out
+
+
+def pyro_translation_check(name: str, num_points: int = 20, seed: int = 0) -> dict[str, Any]:
+    """The Pyro translation's full-data log joint density against the NumPyro one's (checked against the
+    reference draws by :func:`translation_check`) at ``num_points`` points, in float64: half of them reference
+    draws, half a reference draw moved by a standard normal step in the unconstrained space (a point far out in
+    the tails). It passes when the densities differ by one constant: ``max |diff - diff_0| <= 1e-8 (1 + max
+    |log density|)``."""
+    import pyro
+    import torch
+    from numpyro.distributions.transforms import biject_to
+
+    with np.load(DATA / f"{name}.npz") as f:
+        meta, draws = json.loads(str(f["meta"])), f["ref_draws"].astype(np.float64)
+        X, y = (f["X"] if "X" in f.files else None), f["y"]
+    kind, names = meta["model"], meta["parameters"]
+    jax.config.update("jax_enable_x64", True)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        np_model = functools.partial(MODELS[kind], NUMPYRO)
+        py_model = functools.partial(MODELS[kind], pyro_ppl())
+        np_args = model_args(kind, X, y, meta["prior_width"], lambda a: jnp.asarray(a, jnp.float64))
+        py_args = model_args(kind, X, y, meta["prior_width"], lambda a: torch.as_tensor(np.asarray(a, np.float64)))
+        trace = numpyro.handlers.trace(numpyro.handlers.seed(np_model, 0)).get_trace(*np_args, batch_size=None)
+        sites = {k: s["fn"].support for k, s in trace.items() if s["type"] == "sample" and not s["is_observed"]}
+        shapes = {k: tuple(trace[k]["value"].shape) for k in sites}
+        rng = np.random.default_rng(seed)
+        points = []
+        for row in draws[:: len(draws) // (num_points // 2)][: num_points // 2]:
+            point = _unflatten(row, names, shapes)
+            points.append(point)
+            points.append({k: np.asarray(biject_to(sites[k])(biject_to(sites[k]).inv(jnp.asarray(v))
+                                                             + rng.standard_normal(v.shape)))
+                           for k, v in point.items()})  # fmt: skip
+        log_np, log_py = [], []
+        for point in points:
+            log_np.append(float(numpyro.infer.util.log_density(np_model, np_args, {"batch_size": None}, point)[0]))
+            data = {k: torch.tensor(np.array(v)) for k, v in point.items()}
+            conditioned = pyro.poutine.trace(pyro.poutine.condition(py_model, data=data))
+            log_py.append(float(conditioned.get_trace(*py_args, batch_size=None).log_prob_sum()))
+    finally:
+        jax.config.update("jax_enable_x64", False)
+        torch.set_default_dtype(default_dtype)
+    diff = np.asarray(log_py) - np.asarray(log_np)
+    spread, scale = float(np.max(np.abs(diff - diff[0]))), float(np.max(np.abs(log_np)))
+    return {"pass": bool(spread <= 1e-8 * (1.0 + scale)), "points": len(points), "constant": float(diff[0]),
+            "spread": spread, "max_abs_log_density": scale,
+            "method": "full-data log joint of the Pyro translation minus the NumPyro one's, float64, at reference "
+                      "draws and at reference draws moved N(0, 1) in unconstrained space; pass: one constant to "
+                      "1e-8 (1 + max |log density|)"}  # fmt: skip
+
+
 def build_one(snap: Snapshot, name: str, commit: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """One posterior's metadata and arrays (with its translation check)."""
     kind, design = POSTERIORS[name]
@@ -363,7 +487,8 @@ def build_one(snap: Snapshot, name: str, commit: str) -> tuple[dict[str, Any], d
               "ref_draws": flat[:: flat.shape[0] // KEPT_DRAWS][:KEPT_DRAWS].astype(np.float32)}  # fmt: skip
     if X is not None:
         arrays["X"] = X.astype(np.float32)
-    post = Posterior(name, MODELS[kind], model_args(kind, X, y, width), int(y.shape[0]), names, mean, sd, meta)
+    post = Posterior(name, functools.partial(MODELS[kind], NUMPYRO), model_args(kind, X, y, width), int(y.shape[0]),
+                     names, mean, sd, meta)  # fmt: skip
     meta["translation_check"] = translation_check(post)
     return meta, arrays
 
@@ -489,19 +614,59 @@ def moments(samples: dict[str, np.ndarray], fields: dict[str, Any], names: list[
     return mean, np.sqrt(var), np.array(1.0 / np.sum(w**2) / w.size)
 
 
-def run_cell(post: Posterior, kernel_name: str, steps: tuple[int, int], seed: int) -> dict[str, Any]:
-    """One hands-off run of ``kernel_name`` on ``post``: its errors, warnings and status."""
+def _sample_numpyro(post: Posterior, kernel_name: str, steps: tuple[int, int], seed: int) -> tuple:
+    """A hands-off NumPyro run: ``(the run, draws {site: (chain, draw, ...)}, extra fields, tuned step sizes)``."""
+    kernel = getattr(sg, kernel_name)(post.model)
+    mcmc = sg.MCMC(kernel, num_warmup=steps[0], num_samples=steps[1], num_chains=CHAINS, chain_method="vectorized",
+                   progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(seed), *post.args, batch_size=post.batch_size)
+    samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+    return mcmc, samples, mcmc.get_extra_fields(group_by_chain=True), mcmc.last_state.step_size
+
+
+def _sample_pyro(post: Posterior, kernel_name: str, steps: tuple[int, int], seed: int) -> tuple:
+    """A hands-off Pyro run (``pyro.infer.MCMC``, the chains one after the other, :data:`PYRO_STEPS_PER_SAMPLE`
+    steps a draw): as :func:`_sample_numpyro`."""
+    import pyro
+
+    from ppl_sgmcmc import pyro as sp
+
+    pyro.set_rng_seed(seed)
+    kernel = getattr(sp, kernel_name)(post.model, steps_per_sample=PYRO_STEPS_PER_SAMPLE)
+    mcmc = pyro.infer.MCMC(kernel, warmup_steps=steps[0] // PYRO_STEPS_PER_SAMPLE,
+                           num_samples=steps[1] // PYRO_STEPS_PER_SAMPLE, num_chains=CHAINS, disable_progbar=True)  # fmt: skip
+    mcmc.run(*post.args, batch_size=post.batch_size)
+    samples = {k: v.detach().cpu().numpy() for k, v in mcmc.get_samples(group_by_chain=True).items()}
+    stats = sp.sample_stats(mcmc)
+    fields = {"log_weight": stats["log_weight"]} if "log_weight" in stats else {}
+    return mcmc, samples, fields, stats["step_size"][:, -1]
+
+
+def _verdict(mcmc: Any) -> dict[str, Any]:
+    """The end-of-run verdict on all the run's chains together (``ppl_sgmcmc.diagnostics.verdict``, no warning)."""
+    from ppl_sgmcmc.diagnostics import verdict
+
+    try:
+        v = verdict(mcmc, warn=False)
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {str(err)[:200]}"}
+    return {"ok": bool(v.ok), "rhat": v.rhat, "rhat_of": v.rhat_of, "ess_bulk": v.ess_bulk, "ess_tail": v.ess_tail,
+            "drift": v.drift, "drift_of": v.drift_of, "noise_ratio": v.noise_ratio, "noise_limit": v.noise_limit}
+
+
+def run_cell(post: Posterior, kernel_name: str, steps: tuple[int, int], seed: int,
+             backend: str = "numpyro") -> dict[str, Any]:
+    """One hands-off run of ``kernel_name`` on ``post`` with ``backend``: its errors, warnings and status, and the
+    verdict on all its chains together (``verdict``: on Pyro each chain is judged alone during the run)."""
     cell: dict[str, Any] = {"batch_size": post.batch_size, "seed": seed}
+    if backend == "pyro":
+        cell["steps_per_sample"] = PYRO_STEPS_PER_SAMPLE
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            kernel = getattr(sg, kernel_name)(post.model)
-            mcmc = sg.MCMC(kernel, num_warmup=steps[0], num_samples=steps[1], num_chains=CHAINS,
-                           chain_method="vectorized", progress_bar=False)  # fmt: skip
-            mcmc.run(jax.random.PRNGKey(seed), *post.args, batch_size=post.batch_size)
-            samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
-            fields = mcmc.get_extra_fields(group_by_chain=True)
+            sample = _sample_pyro if backend == "pyro" else _sample_numpyro
+            mcmc, samples, fields, step_size = sample(post, kernel_name, steps, seed)
         except Exception as err:  # a refusal is recorded; the table goes on
             cell["error"] = f"{type(err).__name__}: {str(err)[:200]}"
     cell["seconds"] = round(time.perf_counter() - start, 1)
@@ -510,8 +675,9 @@ def run_cell(post: Posterior, kernel_name: str, steps: tuple[int, int], seed: in
                                      if not issubclass(w.category, RuntimeWarning)})  # fmt: skip
     passed = False
     if "error" not in cell:
+        cell["verdict"] = _verdict(mcmc)
         mean, sd, ess = moments(samples, fields, post.names)
-        cell["step_size"] = np.asarray(mcmc.last_state.step_size).ravel().tolist()
+        cell["step_size"] = np.asarray(step_size).ravel().tolist()
         if "log_weight" in fields:
             cell["weight_ess_fraction"] = float(ess)
         if np.all(np.isfinite(mean)) and np.all(np.isfinite(sd)):
@@ -533,18 +699,43 @@ def fmt_cell(cell: dict[str, Any] | None) -> str:
     return f"{cell['status']} {cell['mean_err_max']:.2f} / {cell['sd_ratio_min']:.2f}-{cell['sd_ratio_max']:.2f}"
 
 
-def table(results: dict[str, Any]) -> str:
-    kernels = [k for k in KERNELS if any(k in cells for cells in results["cells"].values())]
+def column(backend: str, kernel: str) -> str:
+    """A cell's key: the kernel's name on NumPyro, ``pyro:`` and the name on Pyro."""
+    return kernel if backend == "numpyro" else f"{backend}:{kernel}"
+
+
+def results_path(backend: str, quick: bool) -> Path:
+    return RESULTS / f"reference_posteriors{'' if backend == 'numpyro' else '_' + backend}{'_quick' if quick else ''}.json"
+
+
+def table(*results: dict[str, Any]) -> str:
+    """The cells of ``results`` (one per backend) in one Markdown table, and the counts per column."""
+    cells: dict[str, dict[str, Any]] = {}
+    posteriors: dict[str, Any] = {}
+    for r in results:
+        posteriors.update(r["posteriors"])
+        preset = [r["settings"]["num_warmup"], r["settings"]["num_samples"]] if "settings" in r else []
+        for name, row in r["cells"].items():  # a cell without its steps ran at its file's settings
+            cells.setdefault(name, {}).update({k: {"steps": preset, **c} for k, c in row.items()})
+    kernels = [column(b, k) for b in BACKENDS for k in KERNELS if any(column(b, k) in row for row in cells.values())]
     lines = ["| posterior | N | d | cond | " + " | ".join(kernels) + " |", "|---" * (4 + len(kernels)) + "|"]
-    for name, cells in sorted(results["cells"].items()):
-        p = results["posteriors"][name]
+    for name, row in sorted(cells.items()):
+        p = posteriors[name]
         lines.append(f"| {name} | {p['N']} | {p['d']} | {p['condition_number']:.3g} | "
-                     + " | ".join(fmt_cell(cells.get(k)) for k in kernels) + " |")  # fmt: skip
-    statuses = [c["status"] for cells in results["cells"].values() for c in cells.values()]
-    counts = {s: statuses.count(s) for s in ("pass", "warn", "silent")}
-    lines += ["", "Cells: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + f" (of {len(statuses)}); "
-              f"cell: status, max |mean err| in ref sds / sd ratio min-max; pass: err <= {MEAN_BOUND}, "
-              f"sd ratios in [{SD_BOUNDS[0]}, {SD_BOUNDS[1]}]"]  # fmt: skip
+                     + " | ".join(fmt_cell(row.get(k)) for k in kernels) + " |")  # fmt: skip
+
+    def counts(statuses: list[str]) -> str:
+        return ", ".join(f"{statuses.count(s)} {s}" for s in ("pass", "warn", "silent")) + f" (of {len(statuses)})"
+
+    def steps(k: str) -> str:
+        used = sorted({tuple(row[k].get("steps", ())) for row in cells.values() if k in row})
+        return ", ".join(f"W {w}, S {s}" for w, s in used)
+
+    per_kernel = [f"{k} ({steps(k)}): {counts([row[k]['status'] for row in cells.values() if k in row])}"
+                  for k in kernels]  # fmt: skip
+    lines += ["", "Cells: " + counts([c["status"] for row in cells.values() for c in row.values()])
+              + f"; cell: status, max |mean err| in ref sds / sd ratio min-max; pass: err <= {MEAN_BOUND}, "
+              f"sd ratios in [{SD_BOUNDS[0]}, {SD_BOUNDS[1]}]", "", "Per column: " + "; ".join(per_kernel) + "."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -560,28 +751,69 @@ def repository_state() -> str:
     return commit + (" with uncommitted changes to ppl_sgmcmc/" if dirty else "")
 
 
-def run(names: list[str], kernels: list[str], quick: bool, seed: int) -> None:
-    steps = STEPS["quick" if quick else "full"]
-    path = RESULTS / f"reference_posteriors{'_quick' if quick else ''}.json"
-    results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"cells": {}, "posteriors": {}}
-    results["settings"] = {"num_warmup": steps[0], "num_samples": steps[1], "num_chains": CHAINS,
-                           "chain_method": "vectorized", "batch": f"max({MIN_BATCH}, round({BATCH_FRACTION} N))",
-                           "mean_bound": MEAN_BOUND, "sd_bounds": SD_BOUNDS, "jax": jax.__version__,
-                           "numpyro": numpyro.__version__, "machine": platform.processor() or platform.machine(),
-                           "repository": repository_state()}  # fmt: skip
+def _settings(backend: str, steps: tuple[int, int]) -> dict[str, Any]:
+    out = {"num_warmup": steps[0], "num_samples": steps[1], "num_chains": CHAINS,
+           "batch": f"max({MIN_BATCH}, round({BATCH_FRACTION} N))", "mean_bound": MEAN_BOUND, "sd_bounds": SD_BOUNDS,
+           "machine": platform.processor() or platform.machine(), "repository": repository_state()}  # fmt: skip
+    if backend == "numpyro":
+        return {**out, "chain_method": "vectorized", "jax": jax.__version__, "numpyro": numpyro.__version__}
+    import pyro
+    import torch
+
+    return {**out, "driver": "pyro.infer.MCMC (chains one after the other)", "steps_per_sample": PYRO_STEPS_PER_SAMPLE,
+            "warmup_steps": steps[0] // PYRO_STEPS_PER_SAMPLE, "kept_draws": steps[1] // PYRO_STEPS_PER_SAMPLE,
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "pyro": pyro.__version__}  # fmt: skip
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {"cells": {}, "posteriors": {}}
+
+
+def _write(path: Path, results: dict[str, Any], name: str, key: str) -> None:
+    """Adds the cell ``results["cells"][name][key]`` to the file as it is now (another run may have added cells
+    since this one started), atomically."""
+    current = _read(path)
+    current["settings"] = results["settings"]
+    current["posteriors"][name] = results["posteriors"][name]
+    current["cells"].setdefault(name, {})[key] = results["cells"][name][key]
+    RESULTS.mkdir(exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(current, indent=1))
+    os.replace(tmp, path)
+
+
+def run(names: list[str], kernels: list[str], quick: bool, seed: int, backend: str = "numpyro",
+        steps: tuple[int, int] | None = None) -> None:
+    """Runs the cells ``names`` × ``kernels`` on ``backend`` (``steps``: (W, S) instead of the preset's, recorded
+    with each cell) and prints the table of the results files of both backends."""
+    steps = steps or STEPS["quick" if quick else "full"]
+    path = results_path(backend, quick)
+    results = _read(path)
+    if backend == "pyro":
+        import torch
+
+        torch.set_num_threads(1)  # small models: one thread (the Pyro guide's advice on a shared machine)
+    results["settings"] = _settings(backend, steps)
     for name in names:
-        post = load(name)
-        results["posteriors"][name] = {k: post.meta[k] for k in ("N", "d", "condition_number", "posteriordb_commit")}
-        results["posteriors"][name]["translation_check_pass"] = post.meta["translation_check"]["pass"]
+        post = load(name, backend)
+        info = {k: post.meta[k] for k in ("N", "d", "condition_number", "posteriordb_commit")}
+        info["translation_check_pass"] = post.meta["translation_check"]["pass"]
+        if backend == "pyro":
+            info["pyro_translation_check"] = check = pyro_translation_check(name)
+            print(f"{name}: Pyro translation check {'pass' if check['pass'] else 'FAIL'} (log density offset "
+                  f"{check['constant']:.3g}, spread {check['spread']:.2g})", flush=True)  # fmt: skip
+        results["posteriors"][name] = info
+        if backend == "pyro" and not info["pyro_translation_check"]["pass"]:
+            continue
         for kernel_name in kernels:
-            cell = run_cell(post, kernel_name, steps, seed)
+            cell = run_cell(post, kernel_name, steps, seed, backend)
             cell["date"] = datetime.datetime.now().isoformat(timespec="seconds")
-            results["cells"].setdefault(name, {})[kernel_name] = cell
-            print(f"{name} {kernel_name}: {fmt_cell(cell)} ({cell['seconds']} s)"
+            cell["steps"] = list(steps)
+            results["cells"].setdefault(name, {})[column(backend, kernel_name)] = cell
+            print(f"{name} {column(backend, kernel_name)}: {fmt_cell(cell)} ({cell['seconds']} s)"
                   + (f"; warnings: {cell['runtime_warnings']}" if cell["runtime_warnings"] else ""), flush=True)
-            RESULTS.mkdir(exist_ok=True)
-            path.write_text(json.dumps(results, indent=1))
-    print(table(results))
+            _write(path, results, name, column(backend, kernel_name))
+    print(table(*(_read(results_path(b, quick)) for b in BACKENDS)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -591,12 +823,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help=f"W, S = {STEPS['quick']} instead of {STEPS['full']}")
     parser.add_argument("--posteriors", nargs="+", metavar="NAME", help="default: all (with --build: all known)")
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--backend", choices=BACKENDS, default="numpyro")
+    parser.add_argument("--steps", nargs=2, type=int, metavar=("W", "S"), help="warm-up and sampling steps per chain "
+                        "instead of the preset's (the file is still chosen by --quick)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--table", action="store_true", help="print the table of the results files and exit")
     args = parser.parse_args(argv)
-    if args.build:
+    if args.table:
+        print(table(*(_read(results_path(b, args.quick)) for b in BACKENDS)))
+    elif args.build:
         build(args.build, args.posteriors or list(POSTERIORS))
     else:
-        run(args.posteriors or available(), args.kernels, args.quick, args.seed)
+        run(args.posteriors or available(), args.kernels, args.quick, args.seed, args.backend,
+            tuple(args.steps) if args.steps else None)
 
 
 if __name__ == "__main__":

@@ -59,10 +59,12 @@ of the inputs, :func:`array_api_compat.array_namespace`), like the update rules.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, NamedTuple
 
 from array_api_compat import array_namespace, device, is_jax_namespace, is_numpy_namespace, is_torch_namespace
 
+from ppl_sgmcmc import low_rank
 from ppl_sgmcmc.noise import HORIZON
 from ppl_sgmcmc.rules import StochasticGradient
 from ppl_sgmcmc.rules._types import Array
@@ -88,6 +90,8 @@ __all__ = [
     "pullback_grad_fn",
     "rescale",
     "rescaling_weight",
+    "settle_bound",
+    "settled",
     "to_theta",
     "to_u",
     "tuned_step_size",
@@ -307,7 +311,8 @@ def rescaling_weight(n_eff: Array) -> Array:
 class Preconditioner(NamedTuple):
     """The linear change of variables ``θ = L u``, ``L Lᵀ = Σ`` (the inverse mass matrix ``M⁻¹``).
 
-    - **scale**: ``L``: a ``(d, d)`` matrix (dense) or the ``(d,)`` diagonal of ``L`` (diagonal).
+    - **scale**: ``L``: a ``(d, d)`` matrix (dense), the ``(d,)`` diagonal of ``L`` (diagonal), or a ``(2, d, r + 1)``
+      packed low-rank-plus-diagonal factor (:mod:`ppl_sgmcmc.low_rank`).
     - **inverse**: ``L⁻¹``, of the same form, kept so that no step solves a linear system.
 
     **Example**::
@@ -542,6 +547,8 @@ def to_u(pre: Preconditioner, theta: Array) -> Array:
     xp = array_namespace(theta, pre.inverse)
     if pre.inverse.ndim == 1:
         return xp.multiply(pre.inverse, theta)
+    if pre.inverse.ndim == 3:  # low-rank plus diagonal (ppl_sgmcmc.low_rank)
+        return low_rank.apply(pre.inverse, theta)
     return xp.matmul(pre.inverse, theta)
 
 
@@ -558,6 +565,8 @@ def to_theta(pre: Preconditioner, u: Array) -> Array:
     xp = array_namespace(u, pre.scale)
     if pre.scale.ndim == 1:
         return xp.multiply(pre.scale, u)
+    if pre.scale.ndim == 3:  # low-rank plus diagonal (ppl_sgmcmc.low_rank)
+        return low_rank.apply(pre.scale, u)
     return xp.matmul(pre.scale, u)
 
 
@@ -575,6 +584,8 @@ def rescale(pre: Preconditioner, factor: Array) -> Preconditioner:
     xp = array_namespace(pre.scale, factor)
     if pre.scale.ndim == 1:
         return Preconditioner(xp.multiply(pre.scale, factor), xp.divide(pre.inverse, factor))
+    if pre.scale.ndim == 3:  # low-rank plus diagonal (ppl_sgmcmc.low_rank)
+        return Preconditioner(*low_rank.rescale(pre.scale, pre.inverse, factor))
     return Preconditioner(xp.multiply(pre.scale, factor[None, :]), xp.divide(pre.inverse, factor[:, None]))
 
 
@@ -583,6 +594,8 @@ def _pull(pre: Preconditioner, g: Array) -> Array:
     xp = array_namespace(g, pre.scale)
     if pre.scale.ndim == 1:
         return xp.multiply(g, pre.scale)
+    if pre.scale.ndim == 3:  # low-rank plus diagonal (ppl_sgmcmc.low_rank)
+        return low_rank.apply_transpose(pre.scale, g)
     return xp.matmul(g, pre.scale)
 
 
@@ -726,6 +739,52 @@ def tuned_step_size(noise_variance: Array, target: Any, temperature: Any, max_st
     return xp.where((largest > 0) & (h < max_step_size), h, xp.full_like(largest, max_step_size))
 
 
+# --- whether the warm-up settled -------------------------------------------------------------------------
+#: The chance that a warm-up whose preconditioner fits its last slow window is taken for one that does not
+#: (a family-wise level over the coordinates, :func:`settle_bound`).
+SETTLE_LEVEL = 0.01
+
+
+def settle_bound(d: int) -> float:
+    """The largest deviation of a coordinate's log-variance from 0, in units of its Monte Carlo error
+    ``sqrt(2 / n_eff)``, that :func:`settled` accepts for ``d`` coordinates: the two-sided normal quantile at the
+    Bonferroni level ``SETTLE_LEVEL / d``.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.adaptation import settle_bound
+        >>> round(settle_bound(1), 2), round(settle_bound(100), 2)
+        (2.58, 3.89)
+    """
+    return statistics.NormalDist().inv_cdf(1 - SETTLE_LEVEL / (2 * d))
+
+
+def settled(state: AdaptState | NoAdaptation) -> Array | bool:
+    """Whether a warm-up that ended at ``state`` settled: its last slow window found the variance of each coordinate
+    of ``u`` that it explored enough to rescale consistent with 1 within its Monte Carlo error (``misfit <= 1``, see
+    :func:`settle_bound`): the preconditioner fits the posterior the chain explored, the windows' rescalings had
+    converged. Also ``True`` for a warm-up that adapts no preconditioner (there is nothing to judge).
+
+    Only explored coordinates are judged: a window too short to rescale a coordinate (too few effective draws)
+    cannot tell whether the preconditioner fits it, and running the same windows again would not either;
+    ``explored`` below 1 is reported instead (:class:`ppl_sgmcmc.verdict.Verdict`). With a kernel's ``max_warmup``,
+    ``ppl_sgmcmc.numpyro.MCMC`` and the Pyro kernels run the warm-up again from where it ended while it has not
+    settled.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.adaptation import adapt_init, identity, settled
+        >>> state = adapt_init(identity(2, dense=False, like=jnp.zeros(2)), 0.1, 1.0, jnp.zeros(2), 0.0)
+        >>> bool(settled(state)), bool(settled(state._replace(misfit=jnp.array(1.5), explored=jnp.array(2.0))))
+        (True, False)
+    """
+    if not isinstance(state, AdaptState):
+        return True
+    result: Array = state.misfit <= 1
+    return result
+
+
 # --- one warm-up step ------------------------------------------------------------------------------------
 class NoAdaptation(NamedTuple):
     """The adaptation state of a chain whose warm-up adapts nothing (its step size was given, and
@@ -770,6 +829,15 @@ class AdaptState(NamedTuple):
       window's end); **energy_level**: the warm-up's typical minibatch energy, an exponential average over
       about :data:`~ppl_sgmcmc.noise.HORIZON` steps that did not run off; **restarts**: how many times the
       chain returned (see :func:`ran_off`).
+    - **misfit**, **explored**: what the last slow window found of the preconditioner it closed with (see
+      :func:`settled`): the largest deviation of a coordinate's variance in ``u`` from 1 in units of its Monte Carlo
+      error, over the level :func:`settle_bound`, among the coordinates it explored enough to rescale
+      (:func:`rescaling_weight` above 0), and the fewest effective draws of a coordinate over :data:`MIN_EFFECTIVE`
+      (``0`` and ``inf`` until a window closes, and without ``adapt_mass``).
+    - **rounds**: how many times the warm-up was run again because it had not settled (see :func:`settled`).
+    - **history**: with a low-rank-plus-diagonal preconditioner, the slow windows' draws and gradients
+      (:class:`ppl_sgmcmc.low_rank.History`, :data:`~ppl_sgmcmc.low_rank.SLOTS` slots over all the slow windows);
+      with any other, one of no slots.
 
     **Example**::
 
@@ -791,6 +859,10 @@ class AdaptState(NamedTuple):
     restore: Array
     energy_level: Array
     restarts: Array
+    misfit: Array
+    explored: Array
+    rounds: Array
+    history: low_rank.History
 
 
 def adapt_init(preconditioner: Preconditioner, step_size: Any, curvature: Any, position: Array,
@@ -809,7 +881,7 @@ def adapt_init(preconditioner: Preconditioner, step_size: Any, curvature: Any, p
     """
     like = preconditioner.inverse
     xp = array_namespace(like)
-    d, dev = like.shape[0], device(like)
+    d, dev = position.shape[0], device(like)
     return AdaptState(
         preconditioner,
         xp.asarray(step_size, dtype=like.dtype, device=dev),
@@ -822,6 +894,10 @@ def adapt_init(preconditioner: Preconditioner, step_size: Any, curvature: Any, p
         position,
         xp.asarray(energy, dtype=like.dtype, device=dev),
         xp.zeros((), dtype=xp.int32, device=dev),
+        xp.zeros((), dtype=like.dtype, device=dev),
+        xp.full((), float("inf"), dtype=like.dtype, device=dev),
+        xp.zeros((), dtype=xp.int32, device=dev),
+        low_rank.history(d, like, low_rank.SLOTS if preconditioner.scale.ndim == 3 else 0),
     )
 
 
@@ -876,6 +952,8 @@ def adapt_step(
     target: Any,
     temperature: Any,
     max_step_size: Any,
+    gradient: Array | None = None,
+    branch: Any = None,
 ) -> tuple[AdaptState, Array]:
     """Feed the warm-up step ``step_index`` (0-based) to the adaptation: the position ``u`` it reached (in
     the current coordinates) and its noise term (:func:`ppl_sgmcmc.noise.update`).
@@ -900,6 +978,14 @@ def adapt_step(
       and the noise sum restarts;
     * after the warm-up (``step_index >= e_{k+1}``) the state is returned unchanged.
 
+    With a low-rank-plus-diagonal preconditioner (:mod:`ppl_sgmcmc.low_rank`) and the step's ``gradient``, each
+    slow-window step adds ``θ`` and ``L⁻ᵀ gradient`` to the history (:func:`ppl_sgmcmc.low_rank.record`, a slot of
+    :data:`~ppl_sgmcmc.low_rank.SLOTS` over all the slow windows), and at the end of each slow window with
+    ``adapt_mass`` the preconditioner is *replaced* by the estimate from the whole history
+    (:func:`ppl_sgmcmc.low_rank.estimate`) instead of being rescaled and equalised: the step size is then not
+    re-tuned at that step (the noise it measured is of the old coordinates), but at the next re-tuning, from the
+    noise in the new ones. A kernel restarts its rule's state in the new coordinates (a new ``scale``).
+
     Array selects only (``xp.where``), so it traces under ``jax.jit``, ``jax.vmap`` and ``lax.scan`` and
     runs unchanged on ``torch``; each call costs ``O(d)`` (``O(d²)`` at a rescaling of a dense ``L``).
 
@@ -915,6 +1001,10 @@ def adapt_step(
     :param adapt_mass: whether the preconditioner adapts; ``tune_step_size``: whether the step size does.
     :param target: the noise ratio the step size aims at; ``temperature``: ``τ``.
     :param max_step_size: the step size's cap at curvature 1.
+    :param gradient: the step's minibatch gradient in ``u`` (used by a low-rank-plus-diagonal preconditioner).
+    :param branch: ``branch(pred, fn, operand)``: ``fn(operand)`` if ``pred``, else ``operand``, as the backend
+        branches (NumPyro's ``warmup.when``); by default both are evaluated and selected. The low-rank estimate
+        (``O(SLOTS² d)``) runs through it at the end of each slow window only.
     :return: ``(new state, factor)``: ``factor`` is the rescaling of ``u``'s coordinates this step applied
         (ones unless a window closed with ``adapt_mass``); a kernel re-expresses what it keeps in ``u``
         (the noise estimate, a momentum) when it is not all ones.
@@ -937,6 +1027,7 @@ def adapt_step(
     """  # noqa: E501
     xp = array_namespace(u, schedule_ends)
     dtype = u.dtype
+    low = state.preconditioner.scale.ndim == 3  # low-rank plus diagonal: re-estimated, not rescaled
     in_warmup = step_index < schedule_ends[-1]
     inside = (step_index >= schedule_ends[0]) & (step_index < schedule_ends[-2])
     # the slow window holding the step, and the batch of it
@@ -957,17 +1048,34 @@ def adapt_step(
     one = xp.ones_like(u)
     factor = one
     preconditioner, curvature = state.preconditioner, state.curvature
+    misfit, explored = state.misfit, state.explored
     if adapt_mass:
         variance, n_eff = window_variance(moments)
+        weight = rescaling_weight(n_eff)
+        # only the coordinates the window explored enough to rescale are judged
+        judged = xp.logical_and(weight > 0, variance > 0)
+        deviation = xp.abs(xp.log(xp.where(judged, variance, one))) * xp.sqrt(n_eff / 2)
+        misfit = xp.where(closes_slow, xp.max(deviation) / settle_bound(u.shape[0]), misfit)
+        explored = xp.where(closes_slow, xp.min(n_eff) / MIN_EFFECTIVE, explored)
         shrunk = (xp.multiply(n_eff, variance) + SHRINKAGE) / (n_eff + SHRINKAGE)
         proposed = xp.clip(xp.sqrt(shrunk), 1 / MAX_RESCALE, MAX_RESCALE)
-        weight = rescaling_weight(n_eff)
-        use = closes_slow & (weight > 0) & xp.isfinite(proposed)
+        use = closes_slow & (weight > 0) & xp.isfinite(proposed) & (not low)  # a low-rank metric is re-estimated
         factor = xp.where(use, proposed ** xp.where(use, weight, xp.zeros_like(weight)), one)
         preconditioner = _select(xp.any(use), rescale(preconditioner, factor), preconditioner)
         moments = _select(closes_slow, window_moments(u.shape[0], u), moments)
+    history, replaced = state.history, xp.zeros((), dtype=xp.bool, device=device(u))
+    if low and gradient is not None:  # the draw and its gradient in θ (L⁻ᵀ g) join the history
+        span = xp.maximum(xp.subtract(schedule_ends[-2], schedule_ends[0]), xp.ones_like(schedule_ends[0]))
+        slots = history.counts.shape[0]
+        slot = xp.clip((step_index - schedule_ends[0]) * slots // span, 0, slots - 1)
+        inverse_transpose = _pull(Preconditioner(state.preconditioner.inverse, state.preconditioner.scale), gradient)
+        history = low_rank.record(history, slot, theta, inverse_transpose, inside & valid)
+        if adapt_mass:
+            estimated = (branch or _evaluate)(closes_slow, _low_rank_metric, (preconditioner, history))[0]
+            replaced = closes_slow & xp.any(estimated.scale != preconditioner.scale)
+            preconditioner = estimated
     measured = noise_sum / xp.astype(xp.maximum(noise_count, xp.ones_like(noise_count)), dtype) * factor**2
-    if adapt_mass:  # no coordinate noisier than NOISE_SPREAD times the median (equalize_noise)
+    if adapt_mass and not low:  # no coordinate noisier than NOISE_SPREAD times the median (equalize_noise)
         equalized, measured_eq, shrink = equalize_noise(preconditioner, measured)
         use = closes_slow & (noise_count > 0)
         preconditioner = _select(use, equalized, preconditioner)
@@ -975,10 +1083,11 @@ def adapt_step(
         factor = xp.where(use, factor * shrink, factor)
     # the noise of this period; the step size follows the noisiest period since the slow window began, since
     # the noise may change with where the chain is (as in a neural network's posterior)
-    measured_any = closes & (noise_count > 0)
+    measured_any = closes & (noise_count > 0) & ~replaced  # the noise of replaced coordinates is measured anew
     period = xp.max(measured)
     noise_peak = xp.where(measured_any, xp.where(closes_slow, period, xp.maximum(state.noise_peak * xp.max(factor) ** 2,
                                                                                   period)), state.noise_peak)
+    noise_peak = xp.where(replaced, xp.zeros_like(noise_peak), noise_peak)
     step_size = state.step_size
     if tune_step_size:
         tuned = tuned_step_size(xp.reshape(noise_peak, (1,)), target, temperature, max_step_size / curvature)
@@ -991,5 +1100,18 @@ def adapt_step(
     energy_level = xp.where(ordinary, level, state.energy_level)
     restore = xp.where(closes_window, theta, state.restore)
     new = AdaptState(preconditioner, step_size, curvature, moments, noise_sum, noise_count, noise_peak, window_index,
-                     restore, energy_level, state.restarts)  # fmt: skip
+                     restore, energy_level, state.restarts, misfit, explored, state.rounds, history)  # fmt: skip
     return new, factor
+
+
+def _low_rank_metric(operand: tuple[Preconditioner, low_rank.History]) -> tuple[Preconditioner, low_rank.History]:
+    """The low-rank-plus-diagonal preconditioner estimated from the history
+    (:func:`ppl_sgmcmc.low_rank.estimate`), or the given one where the history gives no estimate."""
+    pre, history = operand
+    sigma, U, lam, usable = low_rank.estimate(history)
+    return _select(usable, Preconditioner(*low_rank.factors(sigma, U, lam)), pre), history
+
+
+def _evaluate(pred: Array, fn: Any, operand: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``fn(operand)`` where ``pred``, else ``operand``, by array selects (``fn`` is evaluated either way)."""
+    return tuple(_select(pred, new, old) for new, old in zip(fn(operand), operand))

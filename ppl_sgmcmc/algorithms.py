@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, cast
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from ppl_sgmcmc import _checks, adaptation, gradients, noise, schedules
+from ppl_sgmcmc import _checks, adaptation, gradients, low_rank, noise, schedules
 from ppl_sgmcmc.rules import StochasticGradient, has_momentum, refresh_momentum
 from ppl_sgmcmc.rules import csgld as csgld_rule
 from ppl_sgmcmc.rules import psgld as psgld_rule
@@ -95,6 +95,8 @@ MAX_DENSE_DIM = 5000
 #: diagonal beyond: a dense metric mixes along correlated directions that a diagonal one crosses slowly, and costs
 #: three ``d × d`` matrix-vector products a step, which stay cheap against a minibatch gradient up to about here.
 AUTO_DENSE_MAX = 256
+#: The ``dense_mass`` value that asks for a low-rank-plus-diagonal preconditioner (:mod:`ppl_sgmcmc.low_rank`).
+LOW_RANK = "low_rank"
 
 
 class GibbsOptions(NamedTuple):
@@ -228,8 +230,25 @@ def call_kwargs(fn: Callable[..., Any], options: Mapping[str, Any]) -> dict[str,
     return dict(options) if names is None else {k: v for k, v in options.items() if k in names}
 
 
+def _low_rank_option(dense_mass: object, available: bool, kernel: str) -> bool:
+    """Whether ``dense_mass`` asks for a low-rank-plus-diagonal preconditioner (:data:`LOW_RANK`); another string,
+    or the request from an algorithm without one, is refused."""
+    if not isinstance(dense_mass, str):
+        return False
+    if dense_mass != LOW_RANK:
+        raise TypeError(
+            f"{kernel}: `dense_mass` must be True or False (a dense or a diagonal metric), {LOW_RANK!r} (a diagonal "
+            f"plus a low-rank correction) or None (chosen by the dimension), got {dense_mass!r}."
+        )
+    if not available:
+        raise ValueError(
+            f"{kernel}: dense_mass={LOW_RANK!r} is available for SGLD, SGHMC and SGNHT; use dense_mass=True or False."
+        )
+    return True
+
+
 def _given_preconditioner(
-    value: object, step_size: object, adapt_mass_matrix: bool | None, dense_mass: bool | None, can_adapt: bool,
+    value: object, step_size: object, adapt_mass_matrix: bool | None, dense_mass: bool | str | None, can_adapt: bool,
     reason: str, kernel: str,
 ) -> adaptation.Preconditioner | None:  # fmt: skip
     """The fixed preconditioner of ``inverse_mass_matrix`` (NumPy float64 arrays), or ``None``: a
@@ -259,8 +278,13 @@ def _given_preconditioner(
         # one chain's: a diagonal (d,) or a square (d, d), with its inverse (a loose test: it tells a stack of
         # chains' diagonals (C, d), which vectorized chains keep, from a dense (d, d))
         square = scale.ndim == 2 and scale.shape[0] == scale.shape[1]
-        one = scale.shape == inverse.shape and (scale.ndim == 1 or square)
-        if one:
+        packed = scale.ndim == 3 and scale.shape[0] == 2  # low-rank plus diagonal (ppl_sgmcmc.low_rank)
+        one = scale.shape == inverse.shape and (scale.ndim == 1 or square or packed)
+        if one and packed:
+            probe = np.linspace(-1.0, 1.0, scale.shape[1])
+            round_trip = low_rank.apply(cast(Any, inverse), low_rank.apply(cast(Any, scale), cast(Any, probe)))
+            one = bool(np.allclose(round_trip, probe, atol=0.1))
+        elif one:
             product = scale @ inverse if square else scale * inverse
             one = bool(np.allclose(product, np.eye(len(scale)) if square else 1.0, atol=0.1))
         if not one:
@@ -316,8 +340,10 @@ class Algorithm(Generic[RuleStateT]):
         SGNHT the dynamics with mass matrix ``Σ⁻¹``; the target is unchanged. Frozen after the warm-up, so
         the post-warm-up chain is a fixed Markov kernel. Default: on when the step size is tuned (which
         needs it). Needs at least :func:`~ppl_sgmcmc.adaptation.minimum_warmup_steps` warm-up steps.
-    :param dense_mass: a dense ``Σ`` (``True``) or a diagonal one (``False``), as NumPyro's NUTS; ``None``
-        (default): dense for at most :data:`AUTO_DENSE_MAX` latent coordinates, diagonal beyond.
+    :param dense_mass: a dense ``Σ`` (``True``) or a diagonal one (``False``), as NumPyro's NUTS, or
+        ``"low_rank"``: a diagonal plus a low-rank correction estimated from the slow windows' draws and gradients
+        (:mod:`ppl_sgmcmc.low_rank`; SGLD, SGHMC and SGNHT). ``None`` (default): dense for at most
+        :data:`AUTO_DENSE_MAX` latent coordinates, diagonal beyond.
     :param inverse_mass_matrix: a fixed preconditioner instead of an adapted one, as NUTS takes it: a run's
         ``adapt_state.preconditioner`` (:class:`~ppl_sgmcmc.adaptation.Preconditioner`; the whole of it is
         :meth:`tuned_options`), or ``Σ`` itself, a ``(d,)`` vector of variances or a ``(d, d)`` covariance of the
@@ -342,6 +368,12 @@ class Algorithm(Generic[RuleStateT]):
         a ``numpyro.infer.MCMC`` or ``pyro.infer.MCMC`` run, whose draws include the exploration stages', warns so.
     :param exploration_fraction: ``β ∈ [0, 1)``, the fraction of each cycle that explores (no injected noise),
         rounded to whole draws (default 0.5); only with ``cycle_length``.
+    :param max_warmup: the longest warm-up, in draws, that the adapting warm-up may run to (default: the driver's
+        warm-up, no longer): while the preconditioner it ends with does not fit its last slow window
+        (:func:`~ppl_sgmcmc.adaptation.settled`), the warm-up runs again from where it ended, its windows from
+        the start (:meth:`warmup_replays`): under ``ppl_sgmcmc.numpyro.MCMC``, and on Pyro within the warm-up's
+        last draw. ``numpyro.infer.MCMC`` counts its calls to the kernel, so it runs none. Either way a failed
+        end-of-run verdict says what the warm-up's last window found.
 
     A subclass names its ``rule`` and validates its own arguments into ``self._options`` (the rule's
     keyword arguments); ``schedulable`` lists the options that may be schedules of the step index.
@@ -380,6 +412,13 @@ class Algorithm(Generic[RuleStateT]):
     #: Whether the warm-up's windows rescale an adapted preconditioner by the spread of the chain's draws (else it stays
     #: the Laplace approximation at the start).
     rescales_mass: ClassVar[bool] = True
+    #: Whether the warm-up may adapt a low-rank-plus-diagonal preconditioner (``dense_mass="low_rank"``): a rule whose
+    #: state holds nothing in the coordinates ``u``
+    #: but a momentum, which the preconditioner's replacement at a slow window's end redraws.
+    low_rank_metric: ClassVar[bool] = False
+    #: ``branch(pred, fn, operand)``: ``fn(operand)`` if ``pred``, else ``operand``, as the backend branches (see
+    #: :func:`~ppl_sgmcmc.adaptation.adapt_step`); ``None``: both evaluated and selected.
+    _branch: ClassVar[Any] = None
     #: Whether the rule can run in coordinates preconditioned by an adapted mass matrix.
     can_adapt_mass: ClassVar[bool] = True
     can_adapt_mass_reason: ClassVar[str] = ""
@@ -412,12 +451,13 @@ class Algorithm(Generic[RuleStateT]):
         gibbs_init: Callable[..., Any] | None = None,
         find_mode: bool | int | None = None,
         adapt_mass_matrix: bool | None = None,
-        dense_mass: bool | None = None,
+        dense_mass: bool | str | None = None,
         inverse_mass_matrix: adaptation.Preconditioner | Array | np.ndarray | None = None,
         target_noise_ratio: float | None = None,
         gradient: str | gradients.GradientEstimator = "minibatch",
         cycle_length: int | None = None,
         exploration_fraction: float | None = None,
+        max_warmup: int | None = None,
     ) -> None:
         name = self.name
         if (model is None) == (potential_fn is None):
@@ -442,9 +482,13 @@ class Algorithm(Generic[RuleStateT]):
             inverse_mass_matrix, step_size, adapt_mass_matrix, dense_mass, self.can_adapt_mass,
             self.can_adapt_mass_reason, name,
         )  # fmt: skip
+        self._low_rank_requested = _low_rank_option(dense_mass, self.low_rank_metric, name)
         self._adapt_mass, self._dense_mass = _checks.mass_options(
-            adapt_mass_matrix, dense_mass, self._tune, self.can_adapt_mass, self.can_adapt_mass_reason, name
-        )
+            adapt_mass_matrix, True if self._low_rank_requested else dense_mass, self._tune, self.can_adapt_mass,
+            self.can_adapt_mass_reason, name,
+        )  # fmt: skip
+        if self._low_rank_requested:  # the Laplace start is diagonal; the windows add the low-rank part
+            self._dense_mass = False
         self._estimator = _checks.estimator(gradient, gradients.ESTIMATORS, gradients.GradientEstimator, name)
         if self._estimator.needs_full_gradient and potential_fn is not None:
             raise ValueError(
@@ -470,6 +514,7 @@ class Algorithm(Generic[RuleStateT]):
                 "step_size=None to tune it."
             )
         self._cycles = Cycles.of(cycle_length, exploration_fraction, step_size, self.samples_posterior, name)
+        self._max_warmup = None if max_warmup is None else _checks.positive_int("max_warmup", max_warmup, name)
         if self._cycles is not None:  # the step count after each draw tells its stage
             self.sample_stats_fields = (*self.sample_stats_fields, "i")
         #: Set by a driver that keeps only the sampling stages' draws of a cyclical kernel (``ppl_sgmcmc.numpyro.MCMC``).
@@ -598,6 +643,25 @@ class Algorithm(Generic[RuleStateT]):
             or self._estimator.name != "minibatch"
             or self._cycles is not None
         )
+
+    def warmup_replays(self) -> int:
+        """How many times the warm-up may run again (see ``max_warmup``): ``max_warmup // num_warmup - 1`` of the
+        last recorded warm-up; ``0`` without ``max_warmup``, or for a kernel whose warm-up adapts no preconditioner
+        from its draws.
+
+        **Example**::
+
+            >>> from ppl_sgmcmc.numpyro import SGLD
+            >>> default, longer = SGLD(potential_fn=lambda z: 0.0), SGLD(potential_fn=lambda z: 0.0, max_warmup=5000)
+            >>> for kernel in (default, longer):
+            ...     kernel._set_warmup(1000)
+            >>> default.warmup_replays(), longer.warmup_replays()
+            (0, 4)
+        """
+        warmup = self._num_warmup_steps // self._steps_per_sample
+        if self._window_ends is None or not (self._adapt_mass and self.rescales_mass) or warmup == 0:
+            return 0
+        return 0 if self._max_warmup is None else max(0, self._max_warmup // warmup - 1)
 
     # --- hooks the backends call ------------------------------------------------------------------
     def _set_warmup(self, num_warmup: int, steps: int | None = None) -> None:
@@ -856,6 +920,10 @@ class Algorithm(Generic[RuleStateT]):
         it)."""
         return adaptation.from_hessian(hessian, self._dense(hessian.shape[0]) and hessian.ndim == 2)
 
+    def _low_rank(self, dim: int) -> bool:
+        """Whether a chain of ``dim`` latent coordinates gets a low-rank-plus-diagonal preconditioner."""
+        return self._adapt_mass and self.low_rank_metric and self._low_rank_requested
+
     def _dense(self, dim: int) -> bool:
         """Whether a chain of ``dim`` latent coordinates gets a dense preconditioner."""
         return self._dense_mass if self._dense_mass is not None else self._adapt_mass and dim <= AUTO_DENSE_MAX
@@ -894,6 +962,8 @@ class Algorithm(Generic[RuleStateT]):
             return adaptation.NoAdaptation(), rule_state
         laplace = cast("tuple[adaptation.Preconditioner, Scalar]", laplace)  # given with adapt_mass_matrix
         pre, curvature = laplace if self._adapt_mass else (adaptation.identity(position.shape[0], False, position), 1.0)
+        if self._low_rank(position.shape[0]):  # the diagonal Laplace start in the packed form the windows replace
+            pre = adaptation.Preconditioner(*low_rank.from_diagonal(pre.scale, pre.inverse))
         step_size: Scalar = 0.0
         if self._tune:
             xp = array_namespace(position)
@@ -952,7 +1022,9 @@ class Algorithm(Generic[RuleStateT]):
         standard normal draw for a momentum) and the step size divided by
         :data:`~ppl_sgmcmc.adaptation.RESTART_SHRINK` (a given step size is not changed: its chain runs off
         and the health check reports it); otherwise :func:`~ppl_sgmcmc.adaptation.adapt_step` runs, and the
-        noise estimate and the rule state are re-expressed when the coordinates change."""
+        noise estimate and the rule state are re-expressed when the coordinates change (a low-rank preconditioner
+        replaced at a slow window's end restarts the rule's state in the new coordinates, a momentum redrawn from
+        ``fresh_noise``)."""
         if not self.adapts or self._window_ends is None:
             return adapt_state, noise_state, rule_state, position
         adapt_state = cast(adaptation.AdaptState, adapt_state)  # the warm-up adapts
@@ -965,11 +1037,22 @@ class Algorithm(Generic[RuleStateT]):
         rule_state = type(rule_state)(*(  # type: ignore[arg-type]  # a NamedTuple takes its fields positionally
             None if new is None else xp.where(off, new, old) for new, old in zip(restarted, rule_state)
         ))  # fmt: skip
+        old_scale = adapt_state.preconditioner.scale
         adapt_state, factor = adaptation.adapt_step(
             adapt_state, u, position, energy, term, valid & ~off, i, ends, adapt_mass=self._adapt_mass and self.rescales_mass,
             tune_step_size=self._tune, target=self._target_noise_ratio, temperature=self.temperature_at(i),
-            max_step_size=self._step_cap(rule_state),
+            max_step_size=self._step_cap(rule_state), gradient=noise_state.previous, branch=self._branch,
         )  # fmt: skip
+        if old_scale.ndim == 3:  # a low-rank preconditioner replaced: the rule restarts in the new coordinates
+            replaced = xp.any(adapt_state.preconditioner.scale != old_scale)
+            moved = self._restart_rule_state(rule_state, adaptation.to_u(adapt_state.preconditioner, position),
+                                             fresh_noise, i)  # fmt: skip
+            rule_state = type(rule_state)(*(  # type: ignore[arg-type]  # a NamedTuple takes its fields positionally
+                None if new is None else xp.where(replaced, new, old) for new, old in zip(moved, rule_state)
+            ))  # fmt: skip
+            noise_state = noise_state._replace(  # the noise's last gradient is of the old coordinates
+                count=xp.where(replaced, xp.full_like(noise_state.count, -1), noise_state.count)
+            )
         adapt_state = adapt_state._replace(
             step_size=xp.where(off, adapt_state.step_size / adaptation.RESTART_SHRINK, adapt_state.step_size),
             restarts=adapt_state.restarts + xp.astype(off, adapt_state.restarts.dtype),
@@ -1011,9 +1094,10 @@ class Algorithm(Generic[RuleStateT]):
         """Check the options against the number ``dim`` of flattened latents (and, with ``gradient``'s centre,
         its shape)."""
         fixed = self._fixed_mass
-        if fixed is not None and fixed.scale.shape[0] != dim:
+        given = None if fixed is None else fixed.scale.shape[1 if fixed.scale.ndim == 3 else 0]  # packed: (2, d, r + 1)
+        if given is not None and given != dim:
             raise ValueError(
-                f"{self.name}: `inverse_mass_matrix` is a preconditioner of {fixed.scale.shape[0]} coordinates, but the "
+                f"{self.name}: `inverse_mass_matrix` is a preconditioner of {given} coordinates, but the "
                 f"model has {dim} unconstrained latent coordinates; give the one of a run of this model."
             )
         centre = self._estimator.centre
@@ -1075,6 +1159,7 @@ class SGLD(Algorithm[sgld_rule.SGLDState]):
     """
 
     rule = sgld_rule
+    low_rank_metric = True
 
 
 def _sghmc_options(friction: Any, integrator: str, name: str) -> dict[str, Any]:
@@ -1135,6 +1220,7 @@ class SGHMC(_SGHMCMoves[sghmc_rule.SGHMCState]):
     """
 
     rule = sghmc_rule
+    low_rank_metric = True
 
     def noise_scale(self, rule_state: sghmc_rule.SGHMCState, i: StepIndex, position: Array) -> Scalar:
         """``1/A``: the injected noise's variance is ``2Ahτ``."""
@@ -1177,6 +1263,7 @@ class SGNHT(Algorithm[sgnht_rule.SGNHTState]):
     """
 
     rule = sgnht_rule
+    low_rank_metric = True
     schedulable = ("temperature", "diffusion")
     max_step_size = 0.5
     # the thermostat absorbs the gradient noise (ξ ≈ D + h V/2), so the tuned step may let it exceed the
@@ -2268,6 +2355,27 @@ class ReSGLD(Algorithm[replica_rule.ReplicaState]):
         }
         self._adaptation_steps = 0  # the ladder's, set from the warm-up
         self._exact_energies = False  # set from the model: no minibatch, no stochastic potential, no Gibbs sites
+
+    def tuned_options(self, state: object, chain: int | None = None) -> dict[str, Any]:
+        """:meth:`Algorithm.tuned_options` and the ladder the warm-up adapted, as ``temperatures``: a kernel built with
+        them swaps at the run's temperatures rather than adapting a ladder again.
+
+        **Example**::
+
+            >>> import jax, jax.numpy as jnp
+            >>> from ppl_sgmcmc.numpyro import MCMC, ReSGLD
+            >>> kernel = ReSGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2))
+            >>> mcmc = MCMC(kernel, num_warmup=300, num_samples=100, progress_bar=False, verdict=False)
+            >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones(2)})
+            >>> options = kernel.tuned_options(mcmc.last_state)
+            >>> sorted(options), len(options["temperatures"]), options["temperatures"][0]
+            (['inverse_mass_matrix', 'step_size', 'temperatures'], 2, 1.0)
+        """
+        options = super().tuned_options(state, chain)
+        ladder = getattr(state, "state", state).rule_state.ladder  # type: ignore[attr-defined]
+        ladder = np.asarray(ladder.detach().cpu() if hasattr(ladder, "detach") else ladder)
+        options["temperatures"] = tuple(float(t) for t in (ladder[chain] if ladder.ndim > 1 else ladder))
+        return options
 
     def hyperparameters(self) -> dict[str, Any]:
         """The rule's keyword arguments besides ``step_size``: ``temperature``, ``num_replicas``, ``ladder`` (``None``:

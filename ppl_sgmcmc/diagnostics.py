@@ -487,6 +487,11 @@ class _Run(Protocol):
         """The adapted preconditioners' ``L`` of the chains, ``(chains, d)`` or ``(chains, d, d)``, or ``None``."""
         ...
 
+    def warmup_fit(self) -> tuple[float, float, int] | None:
+        """``(misfit, explored, rounds)`` of the warm-up's last slow window over the chains (the worst of each), or
+        ``None`` when nothing adapted."""
+        ...
+
     def step_index(self) -> int:
         """The step counter of the run's final state."""
         ...
@@ -1159,7 +1164,7 @@ def verdict(mcmc: Any, *, warn: bool = True) -> "_verdict.Verdict":
     run = _run_of(mcmc, "verdict")
     draws, noise_ratio, energy = run.kept()
     result = _verdict.assess(draws, energy=energy, noise_ratio=noise_ratio,
-                             noise_limit=run.kernel.noise_ratio_limit)  # fmt: skip
+                             noise_limit=run.kernel.noise_ratio_limit, warmup=run.warmup_fit())  # fmt: skip
     if warn:
         _verdict.report(result, run.kernel.name)
     return result

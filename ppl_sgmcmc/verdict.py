@@ -53,6 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from ppl_sgmcmc.adaptation import MIN_EFFECTIVE
+
 __all__ = [
     "DIRECTIONS",
     "DRIFT_HEAD",
@@ -108,6 +110,10 @@ class Verdict:
     - **drift**: the largest Geweke ``|z|`` over chains and watched quantities, and **drift_of** which one.
     - **noise_ratio**: the :data:`NOISE_QUANTILE` quantile of the kept draws' noise ratios (NaN: not kept), and
       **noise_limit** the algorithm's limit.
+    - **warmup**: what the warm-up's last slow window found (:func:`ppl_sgmcmc.adaptation.settled`), the worst over
+      the chains: ``(misfit, explored, rounds run again)``, or ``None`` when nothing adapted. It does not decide
+      :attr:`ok` (a metric that did not settle still gives a valid kernel, only a slower one); a failed run's
+      message says what it means for the fix.
     """
 
     num_chains: int
@@ -120,6 +126,7 @@ class Verdict:
     drift_of: str
     noise_ratio: float = math.nan
     noise_limit: float = math.inf
+    warmup: tuple[float, float, int] | None = None
 
     @property
     def unmixed(self) -> bool:
@@ -179,10 +186,7 @@ class Verdict:
                 "in the draws"
             )
         if self.unmixed or self.too_few or self.drifting:
-            fixes.append(
-                "run longer (a longer warm-up adapts the metric and the step size further and leaves the burn-in "
-                "behind; more samples add effective draws)"
-            )
+            fixes.append(self._run_longer())
             fixes.append(
                 "for a correlated posterior with a diagonal metric (the default beyond 256 coordinates), "
                 "dense_mass=True (a dense metric mixes along correlated directions that a diagonal one crosses slowly)"
@@ -199,6 +203,25 @@ class Verdict:
             f"{kernel}: " + (SEVERE if self.severe else SHORT) + ": " + "; ".join(seen) + ". "
             + "Try: " + "; or ".join(fixes) + ". (ppl_sgmcmc.verdict; `mcmc.print_summary()` shows r_hat and n_eff.)"
         )
+
+
+    def _run_longer(self) -> str:
+        """The advice to run longer, with what the warm-up's last window found (:attr:`warmup`)."""
+        advice = ("run longer (a longer warm-up adapts the metric and the step size further and leaves the burn-in "
+                  "behind; more samples add effective draws)")  # fmt: skip
+        if self.warmup is None:
+            return advice
+        misfit, explored, rounds = self.warmup
+        if explored < 0.75:  # below three quarters of MIN_EFFECTIVE: the window rescaled nothing
+            effective = explored * MIN_EFFECTIVE
+            advice += (f"; the warm-up's last window held about {effective:.0f} effective draws of its slowest "
+                       f"coordinate, too few to adapt the metric from the draws (it kept the Laplace approximation at "
+                       f"the mode): a warm-up about {math.ceil(1 / max(explored, 1e-3)):.0f}x as long lets it")  # fmt: skip
+        elif misfit > 1:
+            again = f" after running {rounds} more time(s)" if rounds else ""
+            advice += (f"; the warm-up had not settled{again}: its metric still changed in its last window (a longer "
+                       "num_warmup, or a larger max_warmup)")  # fmt: skip
+        return advice
 
 
 def _coordinates(d: int) -> np.ndarray:
@@ -335,6 +358,7 @@ def assess(
     energy: Any = None,
     noise_ratio: Any = None,
     noise_limit: float = math.inf,
+    warmup: tuple[float, float, int] | None = None,
 ) -> Verdict:
     """The verdict on a run's kept draws.
 
@@ -344,6 +368,7 @@ def assess(
     :param energy: the potential energy at each draw, ``(chains, draws)``, or ``None``.
     :param noise_ratio: the noise ratio at each draw, ``(chains, draws)`` (NaN where not measured), or ``None``.
     :param noise_limit: the algorithm's noise-ratio limit (:attr:`~ppl_sgmcmc.algorithms.Algorithm.noise_ratio_limit`).
+    :param warmup: what the warm-up's last slow window found (:attr:`Verdict.warmup`), or ``None``.
     :raises ValueError: for draws of another shape, or fewer than 20 per chain.
     """
     x = np.asarray(draws)
@@ -383,6 +408,7 @@ def assess(
         drift_of=names[drifting[worst_drift]],
         noise_ratio=ratio,
         noise_limit=noise_limit,
+        warmup=warmup,
     )
 
 

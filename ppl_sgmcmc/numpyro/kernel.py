@@ -239,6 +239,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     sample_field = "z"
     warmup_arg = "num_warmup"
+    # the low-rank metric's estimate at a slow window's end: a branch, kept one under vmap (`warmup.when`)
+    _branch = staticmethod(lambda pred, fn, operand: warmup.when(pred, lambda o, _: fn(o), operand))
     state_type: type  # set below: SGMCMCState, or a subclass (ContourState)
     _target = None
     _sample_fn = None
@@ -246,6 +248,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     _progress: Any = None
     # set by `ppl_sgmcmc.numpyro.MCMC`, which reports the health after the run: the loop needs no callback for it
     _reports_after_run = False
+    #: Whether the warm-up may run again (:meth:`_replayed`), set for its run by a driver whose loop counts the chain's
+    #: own steps (:class:`ppl_sgmcmc.numpyro.MCMC`): ``numpyro.infer.MCMC`` counts its calls.
+    _replays_allowed = False
     _last_step: int | None = None  # set by `ppl_sgmcmc.numpyro.MCMC`: the step count at the end of its run
     # steps whose streamed rows are read ahead at once (a model under `streaming.streamed`), else None
     _stream_block = None
@@ -559,7 +564,25 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         before = state.i
         with _TRACING:  # the model runs here only while the step is traced: one thread at a time
             state = self._sample_fn(state, model_args, model_kwargs)
-        return self._update_health(state, before)
+        state = self._update_health(state, before)
+        if self._replays_allowed and self.warmup_replays() and not self._after_warmup:
+            state = self._replayed(state)
+        return state
+
+    def _replayed(self, state):
+        """``state``, or, when it ended the warm-up unsettled (:func:`ppl_sgmcmc.adaptation.settled`, any chain) with
+        replays left (:meth:`~ppl_sgmcmc.algorithms.Algorithm.warmup_replays`), its step count back to 0, so that the
+        warm-up runs again from where it ended, its windows from the first, every chain together. Only a driver whose
+        loop counts the chain's own steps allows it (``_replays_allowed``: :class:`ppl_sgmcmc.numpyro.MCMC`)."""
+        adapt_state = state.adapt_state
+        again = (state.i == self._num_warmup_steps) & ~adaptation.settled(adapt_state)
+        again = again & (adapt_state.rounds < self.warmup_replays())
+        if self._vectorized:
+            again = jnp.broadcast_to(jnp.any(again), again.shape)
+        zero = jnp.zeros_like(state.i)
+        adapt_state = adapt_state._replace(window_index=jnp.where(again, zero, adapt_state.window_index),
+                                           rounds=adapt_state.rounds + again.astype(adapt_state.rounds.dtype))
+        return state._replace(i=jnp.where(again, zero, state.i), adapt_state=adapt_state)
 
     @contextlib.contextmanager
     def _traced_after_warmup(self):

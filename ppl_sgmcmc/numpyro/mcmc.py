@@ -92,11 +92,18 @@ class MCMC(numpyro.infer.MCMC):
         # runs a new program (the persistent cache would miss), so its final state is checked after the run
         last_step = None if self._warmup_state is not None else self._steps()[1] * kernel._steps_per_sample
         kernel._last_step = last_step
+        # the warm-up may run again while it has not settled: from the start, its draws not collected, in this class's
+        # compiled loop (which counts the chain's own steps; NumPyro's loop with its bar, for chains run one by one,
+        # counts calls)
+        in_loop = self.progress_bar and (self.num_chains == 1 or self.chain_method == "vectorized")
+        replays = (self._warmup_state is None and self._collection_params["lower"] == self.num_warmup > 0
+                   and (in_loop or not self.progress_bar))  # fmt: skip
         try:
+            kernel._replays_allowed = replays
             self._run(kernel, rng_key, *args, extra_fields=extra_fields, init_params=init_params, **kwargs)
         finally:
             kernel._reports_after_run, kernel._judged_after_run, kernel._last_step = False, False, None
-            kernel._keeps_sampling_stage = False
+            kernel._keeps_sampling_stage, kernel._replays_allowed = False, False
         state = self.last_state
         if last_step is not None and np.all(np.asarray(state.i) == last_step):  # what the loop recorded
             kernel._health.report(state.health.flags, state.health.values)
@@ -188,12 +195,14 @@ class MCMC(numpyro.infer.MCMC):
         # one loop for the run's chains (chain_method="sequential" calls this once per chain); none kept when
         # traced (chain_method="parallel": `pmap` traces this), as NumPyro keeps none
         accelerated = _Accelerated.of(kernel, self._steps()[0], upper)
+        # with replays of the warm-up, the loop counts the chain's own draws (`state.i`), which a replay sets back
+        replays = kernel._steps_per_sample if kernel._replays_allowed and kernel.warmup_replays() else None
         key = ("ppl_sgmcmc: collection loop", sample_fn, postprocess_fn, collect_fields, remove_sites, lower, upper,
-               thinning, size, accelerated)  # fmt: skip
+               thinning, size, accelerated, replays)  # fmt: skip
         loop = None if isinstance(rng_key, jax.core.Tracer) else self._cache.get(key)
         if loop is None:
             transform = _collect_and_postprocess(postprocess_fn, collect_fields, remove_sites)
-            loop = _collection_loop(sample_fn, transform, lower, upper, thinning, size, accelerated)
+            loop = _collection_loop(sample_fn, transform, lower, upper, thinning, size, accelerated, replays)
             if not isinstance(rng_key, jax.core.Tracer):
                 self._cache[key] = loop
         init_val = (init_state, args, kwargs) if self._jit_model_args else (init_state,)
@@ -268,13 +277,20 @@ class _Accelerated(NamedTuple):
 
 
 def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thinning: int, size: int,
-                     accelerated: _Accelerated | None = None) -> Any:
+                     accelerated: _Accelerated | None = None, replays: int | None = None) -> Any:
     """``loop(init_val) -> (collection, last_val)``, compiled: ``upper`` calls of ``sample_fn`` from ``init_val``, and
     ``transform`` of every ``thinning``-th value from call ``lower`` on stored in ``size`` rows, as NumPyro's
     ``fori_collect(..., progbar=False)`` collects them (the same calls and draws). With ``accelerated``
     (:class:`_Accelerated`), the calls after the warm-up are traced without its adaptation, and a progress bar is
-    drawn after each chunk of calls."""
+    drawn after each chunk of calls. With ``replays`` (the kernel's ``steps_per_sample``; a run from the start whose
+    warm-up may run again, :meth:`SGMCMCKernel._replayed`), a call's index is the chain's own draw count
+    (``state.i // replays``): the loop runs until it reaches ``upper``, however often the warm-up ran."""
     start = lower + (upper - lower) % thinning
+
+    def calls(val: Any) -> Any:
+        """The draws the chain made so far (its first chain's, for vectorized chains: all run together)."""
+        i = val[0].i
+        return (i if i.ndim == 0 else i[0]) // replays
 
     def _collect_draws(init_val: Any) -> Any:
         rows = jax.eval_shape(transform, init_val)
@@ -288,11 +304,15 @@ def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thi
             idx = jnp.where(i >= start, (i - start) // thinning, size)
             return val, jax.tree.map(lambda rows, new: rows.at[idx].set(new, mode="drop"), collection, transform(val))
 
+        if accelerated is None and replays is not None:
+            last_val, collection = lax.while_loop(lambda carry: calls(carry[0]) < upper,
+                                                  lambda carry: body(calls(carry[0]), carry), (init_val, collection))
+            return collection, last_val
         if accelerated is None:
             last_val, collection = lax.fori_loop(0, upper, body, (init_val, collection))
             return collection, last_val
 
-        def calls(a: int, b: int, carry: tuple) -> tuple:
+        def run_calls(a: int, b: int, carry: tuple) -> tuple:
             """Calls ``a`` to ``b - 1``: loops of static length (no branch on device data), the bar drawn after
             each chunk."""
             if accelerated.show is None:
@@ -309,11 +329,14 @@ def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thi
             return run(a + chunks * accelerated.chunk, rest, carry) if rest else carry
 
         carry, split = (init_val, collection), accelerated.warmup_calls
-        if split > 0:
-            carry = calls(0, split, carry)
+        if split > 0 and replays is not None:  # the warm-up's calls, run again while a replay set the count back
+            carry = lax.while_loop(lambda carry: calls(carry[0]) < split, lambda carry: run_calls(0, split, carry),
+                                   carry)  # fmt: skip
+        elif split > 0:
+            carry = run_calls(0, split, carry)
         if split < upper:
             with accelerated.after_warmup():
-                carry = calls(split, upper, carry)
+                carry = run_calls(split, upper, carry)
         last_val, collection = carry
         return collection, last_val
 
@@ -333,6 +356,7 @@ class _Bar:
                  progress_rate: int | None):
         self.kernel, self.total, self.num_warmup, self.phase = kernel, total, num_warmup, phase
         self.start = start_step
+        self.replayed = 0  # the draws of the warm-up's replays so far
         self.rate = max(int(progress_rate or total / 20), 1)
         self.bar = tqdm.tqdm(total=total)
         self.bar.set_description(self._description(0), refresh=True)
@@ -357,11 +381,17 @@ class _Bar:
         """In the compiled loop: call :meth:`_show` with the first chain's state. Only the fields the diagnostics
         string reads travel to the host."""
         first = jax.tree.map(lambda x: x[0], state) if self.kernel._vectorized else state
-        io_callback(self._show, None, first._replace(**dict.fromkeys(_NOT_SHOWN)), ordered=False)
+        # of the adaptation, only how many times the warm-up ran again travels (as `adapt_state`)
+        shown = first._replace(**{**dict.fromkeys(_NOT_SHOWN), "adapt_state": getattr(first.adapt_state, "rounds", None)})
+        io_callback(self._show, None, shown, ordered=False)
 
     def _show(self, state: Any) -> None:
-        draws = min((int(state.i) - self.start) // self.kernel._steps_per_sample, self.total)
-        self.bar.set_description(self._description(draws), refresh=False)
+        rounds = 0 if state.adapt_state is None else int(state.adapt_state)
+        replayed = rounds * self.num_warmup  # a warm-up run again (SGMCMCKernel._replayed) adds its draws
+        self.total, self.bar.total = self.total + replayed - self.replayed, self.bar.total + replayed - self.replayed
+        self.replayed = replayed
+        draws = min((int(state.i) - self.start) // self.kernel._steps_per_sample + replayed, self.total)
+        self.bar.set_description(self._description(draws - replayed), refresh=False)
         if not self.kernel._vectorized:
             self.bar.set_postfix_str(self.kernel.diagnostics(state), refresh=False)
         self.bar.update(draws - self.bar.n)

@@ -232,6 +232,14 @@ class RunView:
         scale = np.asarray(adapt.preconditioner.scale)
         return scale if self.mcmc.num_chains > 1 else scale[None]
 
+    def warmup_fit(self) -> tuple[float, float, int] | None:
+        """What the warm-up's last slow window found, over the chains (:func:`ppl_sgmcmc.adaptation.settled`): the
+        largest ``misfit``, the smallest ``explored``, and the most ``rounds`` run again; ``None`` when nothing adapted."""
+        adapt = self.mcmc.last_state.adapt_state
+        if not adapt:
+            return None
+        return float(np.max(adapt.misfit)), float(np.min(adapt.explored)), int(np.max(adapt.rounds))
+
     def step_index(self) -> int:
         """The step counter of the final state (the chains count their steps together)."""
         return int(np.asarray(self.mcmc.last_state.i).reshape(-1)[0])

@@ -292,6 +292,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     """
 
     warmup_arg = "warmup_steps"
+    # the low-rank metric's estimate at a slow window's end: the warm-up's steps run eagerly
+    _branch = staticmethod(lambda pred, fn, operand: fn(operand) if bool(pred) else operand)
     state_type: type  # set below: SGMCMCState, or a subclass (ContourState)
     diagnostics_every = 100  # steps between refreshes of the progress-bar string
 
@@ -586,6 +588,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         diverging = False
         for _ in range(self._steps_per_sample):
             diverging |= self._step()
+        if self._draws == self._warmup_steps - 1:
+            self._replay_warmup()
         draw, self._draws = self._draws, self._draws + 1
         z = self._target.layout.unravel(self._flat)
         summary = self._summary
@@ -608,6 +612,22 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         if draw >= self._warmup_steps and self._target.deterministic_sites:
             return {**z, **self._target.deterministic(self._flat)}
         return dict(z)
+
+    def _replay_warmup(self):
+        """At the end of the warm-up: while it has not settled (:func:`ppl_sgmcmc.adaptation.settled`) and
+        ``max_warmup`` leaves replays (:meth:`~ppl_sgmcmc.algorithms.Algorithm.warmup_replays`), run it again from
+        where it ended, its windows from the first, within this draw (Pyro's ``MCMC`` counts draws: the next one is
+        its first sampling draw)."""
+        replays = self.warmup_replays()
+        while replays and self._state.i == self._num_warmup_steps:
+            adapt_state = self._state.adapt_state
+            if bool(adaptation.settled(adapt_state)) or int(adapt_state.rounds) >= replays:
+                return
+            adapt_state = adapt_state._replace(window_index=torch.zeros_like(adapt_state.window_index),
+                                               rounds=adapt_state.rounds + 1)
+            self._state = self._state._replace(i=0, adapt_state=adapt_state)
+            for _ in range(self._num_warmup_steps):
+                self._step()
 
     def _step(self):
         """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite,

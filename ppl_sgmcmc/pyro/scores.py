@@ -250,6 +250,15 @@ class RunView:
             return None
         return last.state.adapt_state.preconditioner.scale.detach().cpu().numpy()[None]
 
+    def warmup_fit(self) -> tuple[float, float, int] | None:
+        """What the last chain's warm-up found in its last slow window (:func:`ppl_sgmcmc.adaptation.settled`):
+        ``(misfit, explored, rounds)``; ``None`` when nothing adapted or the kernel's last state is not this run's."""
+        last = self._final()
+        if last is None or not last.state.adapt_state:
+            return None
+        adapt = last.state.adapt_state
+        return float(adapt.misfit), float(adapt.explored), int(adapt.rounds)
+
     def step_index(self) -> int:
         """The step counter of the last chain's final state."""
         return int(self._final_required().state.i)

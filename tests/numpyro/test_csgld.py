@@ -62,6 +62,10 @@ def run_mixture(kernel, num_warmup, num_samples):
     return mcmc
 
 
+# the tests that share the mixture's run: on one pytest-xdist worker (`--dist loadgroup`), which runs it once
+on_mixture = pytest.mark.xdist_group("csgld_mixture")
+
+
 @pytest.fixture(scope="module")
 def csgld_mixture():
     kernel = CSGLD(potential_fn=mixture_energy, step_size=0.1, num_partitions=50, energy_gap=1.0, zeta=0.75,
@@ -94,6 +98,10 @@ def check_mixture(idata, name):
 
 
 # --- 1. the paper's mixture -----------------------------------------------------------------------------------
+# the statistical checks on the mixture (and SGLD's and CSGHMC's own runs of it) are in the slow tier; the quick
+# tier keeps the learned state's checks on the shared run
+@pytest.mark.slow
+@on_mixture
 def test_csgld_recovers_both_modes_where_sgld_stays(csgld_mixture):
     idata = az.from_numpyro(csgld_mixture)
     check_mixture(idata, "CSGLD")
@@ -113,6 +121,7 @@ def test_csgld_recovers_both_modes_where_sgld_stays(csgld_mixture):
     assert abs((x_sgld < -1).mean() - P_LEFT) > 4.5 * se_csgld  # SGLD misses by more than CSGLD's tolerance
 
 
+@on_mixture
 def test_learned_state_and_sample_stats(csgld_mixture):
     state = csgld_mixture.last_state
     theta = np.asarray(state.theta)
@@ -132,6 +141,8 @@ def test_learned_state_and_sample_stats(csgld_mixture):
     assert idata.sample_stats["partition"].values.max() > 10  # the flattened chain climbs the energy bins
 
 
+@pytest.mark.slow
+@on_mixture
 def test_importance_resampling_gives_the_target(csgld_mixture):
     out = resample(az.from_numpyro(csgld_mixture), seed=0)
     draws = out.posterior["x"].values  # each chain resampled from its own draws: independent replicates
@@ -143,6 +154,7 @@ def test_importance_resampling_gives_the_target(csgld_mixture):
     assert np.isfinite(summary.loc["x", "ess_bulk"]) and summary.loc["x", "r_hat"] < 1.05
 
 
+@pytest.mark.slow
 def test_csghmc_recovers_both_modes():
     kernel = CSGHMC(potential_fn=mixture_energy, step_size=0.3, friction=1.0, num_partitions=50, energy_gap=1.0,
                     steps_per_sample=10)  # fmt: skip

@@ -16,6 +16,9 @@ from numpyro.infer import MCMC
 from ppl_sgmcmc.numpyro import SGLD, SGNHT, full_data_log_likelihood, to_inference_data
 from tests.numpyro.conftest import logistic_model
 
+# the tests of the shared run `mcmc`: on one pytest-xdist worker (`--dist loadgroup`), which runs it once
+on_mcmc = pytest.mark.xdist_group("numpyro_inference_data_mcmc")
+
 
 @pytest.fixture(scope="module")
 def mcmc(logistic_data):
@@ -30,6 +33,7 @@ def exact_pointwise_log_likelihood(mcmc, X, y):
     return np.where(np.asarray(y) == 1, -np.logaddexp(0, -logits), -np.logaddexp(0, logits))
 
 
+@on_mcmc
 def test_from_numpyro_uses_the_full_data(mcmc, logistic_data):
     idata = az.from_numpyro(mcmc)
     X, y = logistic_data
@@ -46,6 +50,7 @@ def test_from_numpyro_uses_the_full_data(mcmc, logistic_data):
     assert np.all(np.isfinite(summary["r_hat"])) and np.all(summary["ess_bulk"] > 0)
 
 
+@on_mcmc
 def test_to_inference_data_chunks_and_renames(mcmc, logistic_data):
     reference = az.from_numpyro(mcmc)
     idata = to_inference_data(mcmc, chunk_size=37)
@@ -58,6 +63,7 @@ def test_to_inference_data_chunks_and_renames(mcmc, logistic_data):
     assert "log_likelihood" not in skipped.groups()
 
 
+@on_mcmc
 def test_plot_trace_runs(mcmc):
     import matplotlib
 
@@ -73,6 +79,7 @@ def test_to_inference_data_needs_an_sgmcmc_run():
         to_inference_data(MCMC(NUTS(logistic_model), num_warmup=1, num_samples=1))
 
 
+@on_mcmc
 def test_predictive_helper_covers_every_row(mcmc, logistic_data):
     """``predictive(mcmc, key, X)`` is ``Predictive(full_data(model), samples)``: one replicate of every row per
     draw (``Predictive(model, samples)`` on the subsampled model returns 20 random rows per draw, and NumPyro's
@@ -150,6 +157,7 @@ def test_local_gibbs_sites_leave_the_log_likelihood_out(gibbs_run):
     assert idata.posterior["mu"].shape == (1, 5, 2) and idata.observed_data["x"].shape == (N_MIX,)
 
 
+@on_mcmc
 def test_log_likelihood_size_limit(mcmc):
     with pytest.raises(ValueError, match=r"above max_log_likelihood_bytes=100000\. Pass log_likelihood=False"):
         to_inference_data(mcmc, max_log_likelihood_bytes=100_000)  # 2 × 100 × 200 float32 = 160 kB

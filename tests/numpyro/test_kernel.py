@@ -55,6 +55,10 @@ def run_chains(chain_method, data, replace=True):
                thinning=3, extra_fields=("rule_state.thermostat",))
 
 
+# the tests of the shared run `sequential_chains`: on one pytest-xdist worker (`--dist loadgroup`), which runs it once
+on_sequential_chains = pytest.mark.xdist_group("numpyro_kernel_sequential_chains")
+
+
 @pytest.fixture(scope="module")
 def sequential_chains(logistic_data):
     return run_chains("sequential", logistic_data)
@@ -69,6 +73,7 @@ def test_vectorized_chains_reshuffle_each_epoch_like_sequential_ones(logistic_da
     np.testing.assert_allclose(vectorized["w"], sequential["w"], rtol=1e-4, atol=1e-5)
 
 
+@on_sequential_chains
 def test_sequential_chains(sequential_chains):
     samples = sequential_chains.get_samples(group_by_chain=True)
     assert samples["w"].shape == (2, 10, 2)
@@ -77,6 +82,7 @@ def test_sequential_chains(sequential_chains):
 
 
 @pytest.mark.parametrize("chain_method", ["vectorized", "parallel"])
+@on_sequential_chains
 def test_chain_methods_agree(chain_method, logistic_data, sequential_chains):
     samples = run_chains(chain_method, logistic_data).get_samples(group_by_chain=True)
     reference = sequential_chains.get_samples(group_by_chain=True)

@@ -113,6 +113,10 @@ def e1_e2(mean, cov, mean_ref, cov_ref):
 
 
 # --- reference and SGFS runs (shared by the accuracy tests) ----------------------------------------------------
+# the tests of the shared NUTS run `nuts_draws`: on one pytest-xdist worker (`--dist loadgroup`), which runs it once
+on_nuts_draws = pytest.mark.xdist_group("sgfs_nuts_draws")
+
+
 @pytest.fixture(scope="module")
 def nuts_draws():
     # dense mass: ESS ~3300 (means) and ~2100 (covariance products) from 4000 draws
@@ -145,6 +149,7 @@ def run_sgfs(fisher, num_samples, seed):
 
 
 @pytest.mark.slow
+@on_nuts_draws
 def test_sgfs_full_matches_nuts(nuts_draws):
     """SGFS-f at α = 0: mean and covariance match full-data NUTS (paper 003, §5.1, Fig. 1 top)."""
     mcmc, draws = run_sgfs("full", 8_000, seed=2)
@@ -171,6 +176,7 @@ def test_sgfs_full_matches_nuts(nuts_draws):
 
 
 @pytest.mark.slow
+@on_nuts_draws
 def test_sgfs_diagonal_mean_matches_nuts(nuts_draws):
     """SGFS-d at α = 0: the mean matches NUTS; the covariance is the predicted (too narrow) one."""
     mcmc, draws = run_sgfs("diagonal", 4_000, seed=3)

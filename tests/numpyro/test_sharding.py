@@ -168,8 +168,23 @@ print(json.dumps(errors))
 """
 
 
-def _run(script, *args, devices):
+def _jax_env():
+    """The subprocess's JAX settings: the test session's compilation cache (tests/conftest.py), so that the processes
+    load the programs they share (the model's initial-value search) instead of compiling them again."""
+    import jax
+
+    env = {}
+    if jax.config.jax_compilation_cache_dir:
+        env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir
+        for name in ("jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes",
+                     "jax_compilation_cache_max_size"):  # fmt: skip
+            env[name.upper()] = str(getattr(jax.config, name))
+    return env
+
+
+def _run(script, *args, devices, jax_env=None):
     env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env.update(jax_env or {})  # the hosts' processes (jax.distributed): JAX's defaults, as in the reference run
     env.pop("JAX_PLATFORMS", None)
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
@@ -186,7 +201,7 @@ def _result(process, timeout=600):
 @pytest.fixture(scope="module")
 def four_devices(tmp_path_factory):
     path = tmp_path_factory.mktemp("sharding") / "devices.npz"
-    info = _result(_run(DEVICES, path, devices=4))
+    info = _result(_run(DEVICES, path, devices=4, jax_env=_jax_env()))
     assert info["devices"] == 4
     return dict(np.load(path)), info
 
@@ -214,7 +229,7 @@ def test_every_tuned_kernel_tunes_the_same_chain(tmp_path, name):
     what it measures, so sums in another order do not change them). One process a kernel, so that pytest-xdist
     spreads them."""
     path = tmp_path / "kernels.npz"
-    _result(_run(KERNELS, path, name, devices=4))
+    _result(_run(KERNELS, path, name, devices=4, jax_env=_jax_env()))
     results = dict(np.load(path))
     for devices in (2, 4):
         for field in ("", "/step_size"):

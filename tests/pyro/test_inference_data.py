@@ -14,6 +14,9 @@ from pyro.infer import MCMC
 from ppl_sgmcmc.pyro import SGNHT, full_data_log_likelihood, to_inference_data
 from tests.pyro.models import logistic_model
 
+# the tests of the shared run `mcmc`: on one pytest-xdist worker (`--dist loadgroup`), which runs it once
+on_mcmc = pytest.mark.xdist_group("pyro_inference_data_mcmc")
+
 
 @pytest.fixture(scope="module")
 def mcmc(logistic_data):
@@ -30,6 +33,7 @@ def exact_pointwise_log_likelihood(mcmc, X, y):
     return np.where(y.numpy() == 1, -np.logaddexp(0, -logits), -np.logaddexp(0, logits))
 
 
+@on_mcmc
 def test_from_pyro_uses_the_full_data(mcmc, logistic_data):
     X, y = logistic_data
     idata = az.from_pyro(mcmc)
@@ -45,6 +49,7 @@ def test_from_pyro_uses_the_full_data(mcmc, logistic_data):
     assert np.all(np.isfinite(summary["r_hat"])) and np.all(summary["ess_bulk"] > 0)
 
 
+@on_mcmc
 def test_to_inference_data_chunks_and_drops_deterministic_sites(mcmc, logistic_data):
     reference = az.from_pyro(mcmc)
     idata = to_inference_data(mcmc, chunk_size=37)
@@ -72,6 +77,7 @@ def test_divergences_reach_sample_stats(logistic_data):
     np.testing.assert_array_equal(np.flatnonzero(diverging), mcmc.diagnostics()["divergences"]["chain 0"])
 
 
+@on_mcmc
 def test_plot_trace_runs(mcmc):
     import matplotlib
 
@@ -87,6 +93,7 @@ def test_to_inference_data_needs_an_sgmcmc_run():
         to_inference_data(MCMC(NUTS(logistic_model), num_samples=1))
 
 
+@on_mcmc
 def test_predictive_on_the_full_data(mcmc, logistic_data):
     """``Predictive`` with the kernel's model draws replicated data of the full size."""
     from pyro.infer import Predictive
@@ -98,6 +105,7 @@ def test_predictive_on_the_full_data(mcmc, logistic_data):
     assert torch.all((y == 0) | (y == 1))
 
 
+@on_mcmc
 def test_predictive_helper_covers_every_row(mcmc, logistic_data):
     """``predictive(mcmc, X)`` is ``Predictive(full_data(model), samples)``: one replicate of every row per draw
     (``Predictive(model, samples)`` on the subsampled model would return 20 random rows per draw)."""
@@ -187,6 +195,7 @@ def test_local_gibbs_sites_leave_the_log_likelihood_out():
         assert "log_likelihood" not in to_inference_data(mcmc, log_likelihood=False).groups()
 
 
+@on_mcmc
 def test_log_likelihood_size_limit(mcmc):
     with pytest.raises(ValueError, match=r"above max_log_likelihood_bytes=100000\. Pass log_likelihood=False"):
         to_inference_data(mcmc, max_log_likelihood_bytes=100_000)  # 2 × 100 × 200 float32 = 160 kB
