@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from ppl_sgmcmc import adaptation as ad
@@ -68,4 +67,3 @@ def test_a_failed_run_whose_warm_up_had_not_settled_is_told_so():
 
 def test_a_settled_warm_up_adds_nothing():
     assert _failed((0.5, 1.5, 0)).message("SGLD") == _failed(None).message("SGLD")
-    assert np.isfinite(ad.settle_bound(3))
