@@ -3,7 +3,9 @@
 The notebooks in ``notebooks/`` are stored without outputs (pytest executes them with ``--nbmake``). The site
 shows executed copies instead, kept in ``docs/rendered/notebooks/``: this script executes each source notebook
 the way nbmake does (the venv's ``python3`` kernel, ``notebooks/`` as the working directory, a per-cell
-timeout) and writes the executed copy, outputs and figures included. Run it after editing a notebook::
+timeout) and writes the executed copy, outputs and figures included, at full length: without the smoke mode
+that ``notebooks/conftest.py`` switches on for pytest (``PPL_SGMCMC_SMOKE_TEST``, taken out of the kernel's
+environment here). Run it after editing a notebook::
 
     .venv/bin/python docs/render_notebooks.py 03_logistic_regression_a9a    # one or more notebooks
     .venv/bin/python docs/render_notebooks.py                               # all of them
@@ -32,6 +34,8 @@ NOTEBOOKS = ROOT / "notebooks"
 RENDERED = ROOT / "docs" / "rendered" / "notebooks"
 METADATA_KEY = "ppl_sgmcmc"
 COMMAND = ".venv/bin/python docs/render_notebooks.py"
+# the environment variable that puts the notebooks in smoke mode (short runs) under pytest: never set when rendering
+SMOKE_TEST = "PPL_SGMCMC_SMOKE_TEST"
 
 # the resolution of the figures (matplotlib's figure.dpi and savefig.dpi, through a matplotlibrc that MATPLOTLIBRC
 # points to in the kernel's environment); None: matplotlib's default, 100
@@ -122,6 +126,7 @@ def render(source, timeout, dpi=DPI):
         pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         backend = "module://matplotlib_inline.backend_inline"
         env = dict(os.environ, PYTHONPATH=pythonpath, MATPLOTLIBRC=mplconfig, MPLBACKEND=backend)
+        env.pop(SMOKE_TEST, None)  # the site shows full-length runs, even when this runs under pytest
         client = NotebookClient(
             notebook,
             timeout=timeout,

@@ -217,11 +217,15 @@ def check_finite(
 def check_subsampled(
     subsampled: Sequence[Subsampled], observed: Mapping[int, str], kernel_name: str, bad_mask: BadMask, ppl: str
 ) -> set[str]:
-    """Check each array passed to ``<ppl>.subsample`` once for NaN and inf, named after the observed site
-    whose value it became (``observed``: ``{id(value): site name}``); return those sites' names."""
+    """Check each array passed to ``<ppl>.subsample`` once for NaN and inf, named after an observed site
+    whose value it became (``observed``: ``{id(value): site name}``); return the names of every observed site
+    whose value came from a checked array (several sites may observe one array)."""
     arrays: dict[int, tuple[Subsampled, str | None]] = {}
+    sites: set[str] = set()
     for record in subsampled:
         site = observed.get(id(record.msg["value"]))
+        if site is not None:
+            sites.add(site)
         if id(record.array) not in arrays or arrays[id(record.array)][1] is None:
             arrays[id(record.array)] = (record, site)
     for record, site in arrays.values():
@@ -231,7 +235,7 @@ def check_subsampled(
             else subsampled_array(tuple(record.array.shape), record.event_dim, ppl)
         )
         check_finite(record.array, what, record.frame, record.event_dim, kernel_name, bad_mask)
-    return {site for _, site in arrays.values() if site is not None}
+    return sites
 
 
 def explain_failure(
