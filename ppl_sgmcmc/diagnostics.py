@@ -197,10 +197,12 @@ def _k0(
 def _ksd2_vstat(x: jax.Array, s: jax.Array, c: jax.Array, beta: jax.Array, chunk_size: int) -> jax.Array:
     """``(1/m²) Σ_ij k0(x_i, x_j)``, one ``(chunk_size, m)`` block of rows at a time."""
     m, d = x.shape
-    # k0 depends on the draws only through r = x - y: shifting the draws to one of them keeps the Gram
-    # expansions of |r|² and (s(y) - s(x))ᵀr from cancelling catastrophically when the draws sit far from
-    # the origin; the shift is exact in floating point there (Sterbenz), which a computed mean is not
+    # k0 depends on the draws only through r = x - y: centring keeps the Gram expansions of |r|² and
+    # (s(y) - s(x))ᵀr from cancelling catastrophically when the draws sit far from the origin. The draws are
+    # first shifted to one of them (exact in floating point there, Sterbenz), then centred on their mean, which
+    # is computed from the shifted values and so is accurate whatever order the reduction sums them in
     x = x - x[0]
+    x = x - jnp.mean(x, axis=0)
     sq = jnp.sum(x * x, axis=1)  # |y|²
     sx = jnp.sum(s * x, axis=1)  # s(y)ᵀy
     n_blocks = -(-m // chunk_size)
