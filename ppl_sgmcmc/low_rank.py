@@ -66,7 +66,7 @@ Written once on the array-API subset shared by ``jax.numpy`` and ``torch``, like
     >>> x = jax.random.multivariate_normal(jax.random.key(0), jnp.zeros(d), cov, (low_rank.SLOTS,))
     >>> g = x @ jnp.linalg.inv(cov)
     >>> history = low_rank.History(jnp.ones(low_rank.SLOTS), x, g, g)  # one draw a slot: its alternating sum is g
-    >>> sigma, U, lam, usable = low_rank.estimate(history)
+    >>> sigma, U, lam, usable = jax.jit(low_rank.estimate)(history)  # one program (as in the warm-up), or eagerly
     >>> scale, inverse = low_rank.factors(sigma, U, lam)
     >>> wide = float(v @ low_rank.apply(scale, low_rank.apply_transpose(scale, v)))  # vᵀ Σ v, 25 in truth
     >>> abs(wide - 25) < 1, bool(usable)

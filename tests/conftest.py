@@ -1,4 +1,5 @@
-"""Session-wide test configuration: one JAX compilation cache for the whole test session.
+"""Session-wide test configuration: programs compiled for compile time (``_compile_for_tests``), and one JAX
+compilation cache for the whole test session.
 
 Most of the suite's wall time is XLA compiling small programs, not running them: every fresh ``MCMC``
 object (and every kernel object) is traced and compiled anew, although many tests build the very same
@@ -17,6 +18,8 @@ afresh.
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -42,11 +45,59 @@ def _configure_jax_cache(path):
         jax.config.update("jax_compilation_cache_max_size", 4 * 2**30)
 
 
+# XLA:CPU's options for programs compiled in a test (see `_compile_for_tests`)
+_FAST_COMPILE_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _compile_for_tests():
+    """Tests compile programs that run for milliseconds: compile them for compile time, not run time.
+
+    XLA:CPU spends most of a test's time optimising the programs it then runs once, briefly. In a test session (and in
+    the processes it starts: the notebooks' kernels, the sharding subprocesses, which inherit the environment) JAX's
+    ``jax_disable_most_optimizations`` (LLVM at ``-O0`` without its expensive passes) and XLA:CPU's elemental
+    emitters (``--xla_cpu_use_fusion_emitters=false``) are on. They change how a program is compiled, not what it
+    computes; results may differ in the last bits from a default compilation, and do not vary from run to run. The
+    quick tests of ``tests/numpyro/test_kernel.py`` take 2.4 times less CPU time (``docs/src/developer/testing.md``).
+    ``PPL_SGMCMC_TEST_XLA_DEFAULTS=1`` compiles with XLA's defaults instead, as users' programs are.
+
+    The emitters' flag goes into ``XLA_FLAGS``, where an XLA that no longer knows it would stop the process; a
+    subprocess checks first that this XLA accepts it.
+    """
+    if os.environ.get("PPL_SGMCMC_TEST_XLA_DEFAULTS") == "1":
+        return
+    os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _FAST_COMPILE_XLA_FLAGS not in flags:
+
+        combined = f"{flags} {_FAST_COMPILE_XLA_FLAGS}".strip()
+        probe = [sys.executable, "-c", "import jax; jax.numpy.zeros(1).block_until_ready()"]
+        env = {**os.environ, "XLA_FLAGS": combined, "JAX_PLATFORMS": "cpu"}
+        if subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0:
+            os.environ["XLA_FLAGS"] = combined
+    if "jax" in sys.modules:  # imported already (by a plugin): the environment variable was read before it was set
+        sys.modules["jax"].config.update("jax_disable_most_optimizations", True)
+
+
+@pytest.fixture
+def xla_optimizations():
+    """XLA's default optimisations for the programs a test compiles (not ``jax_disable_most_optimizations``): for a
+    test that two different programs computing the same chain give it bit for bit, which XLA gives when it
+    optimises both as users' programs are (at ``-O0`` their roundings may differ in the last bit)."""
+    import jax
+
+    before = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", before)
+
+
 def pytest_configure(config):
     global _owned_dir
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:  # the controller (or a run without pytest-xdist), before any worker starts
+        _compile_for_tests()
     if os.environ.get("PPL_SGMCMC_TEST_JAX_CACHE") == "0":
         return
-    workerinput = getattr(config, "workerinput", None)
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         path = os.environ["JAX_COMPILATION_CACHE_DIR"]  # the user's: kept
     elif workerinput is not None and _OWN_DIR_KEY in workerinput:

@@ -13,6 +13,7 @@
   the warm-up, the same numbers on ``jax.numpy`` (under ``jit`` and ``vmap``) and ``torch``.
 """
 
+import functools
 import math
 
 import jax
@@ -71,17 +72,22 @@ def test_window_ends() -> None:
 
 
 # --- a window's variance ---------------------------------------------------------------------------------
+@jax.jit
+def _moments_scan(xs: jax.Array, batches: jax.Array) -> ad.WindowMoments:
+    """The window moments of the rows ``xs`` in the batches ``batches``, one ``lax.scan`` (compiled once a shape)."""
+
+    def body(moments: ad.WindowMoments, row: tuple[jax.Array, jax.Array]) -> tuple[ad.WindowMoments, None]:
+        return ad._add(moments, *row), None
+
+    return jax.lax.scan(body, ad.window_moments(xs.shape[1], like=xs), (xs, batches))[0]
+
+
 def moments_of(draws: np.ndarray, xp: str = "jax") -> ad.WindowMoments:
     """The window moments of ``draws`` added one by one (a ``lax.scan`` on JAX, a loop on torch)."""
     n = draws.shape[0]
     batches = np.arange(n) * ad.BATCHES // n
     if xp == "jax":
-        xs = jnp.asarray(draws, jnp.float32)
-
-        def body(moments: ad.WindowMoments, t: jax.Array) -> tuple[ad.WindowMoments, None]:
-            return ad._add(moments, xs[t], jnp.asarray(batches)[t]), None
-
-        return jax.jit(lambda m: jax.lax.scan(body, m, jnp.arange(n))[0])(ad.window_moments(draws.shape[1], like=xs))
+        return _moments_scan(jnp.asarray(draws, jnp.float32), jnp.asarray(batches))
     ts = torch.tensor(draws, dtype=torch.float32)
     moments = ad.window_moments(draws.shape[1], like=ts[0])
     for t in range(n):
@@ -358,6 +364,22 @@ def test_tuned_step_size() -> None:
 NUM_WARMUP = 2000
 
 
+@functools.partial(jax.jit, static_argnames=("adapt_mass", "tune", "steps"))
+def _adapt_scan(state: ad.AdaptState, xs: jax.Array, terms: jax.Array, ends: jax.Array, *, adapt_mass: bool,
+                tune: bool, steps: int) -> tuple[ad.AdaptState, tuple[jax.Array, jax.Array]]:  # fmt: skip
+    """adapt_step over the first ``steps`` rows of ``xs`` and ``terms``: compiled once per shape and options, so
+    that a test calling it on many draws of one shape compiles it once."""
+
+    def body(s: ad.AdaptState, t: jax.Array) -> tuple[ad.AdaptState, tuple[jax.Array, jax.Array]]:
+        u = ad.to_u(s.preconditioner, xs[t])
+        s, _ = ad.adapt_step(s, u, xs[t], 0.0, terms[t], True, t, ends, adapt_mass=adapt_mass,
+                             tune_step_size=tune, target=0.1, temperature=1.0, max_step_size=0.5)  # fmt: skip
+        scale = s.preconditioner.scale
+        return s, (s.step_size, scale[(0,) * scale.ndim])  # the first diagonal entry, of a dense L too
+
+    return jax.lax.scan(body, state, jnp.arange(steps))
+
+
 def run_adaptation(draws: np.ndarray, noise_terms: np.ndarray, dense: bool, *, adapt_mass: bool = True,
                    tune: bool = True, steps: int = NUM_WARMUP) -> tuple[ad.AdaptState, np.ndarray, np.ndarray]:  # fmt: skip
     """adapt_step over ``steps`` steps (a warm-up of NUM_WARMUP): the final state, and the step size and the
@@ -365,19 +387,8 @@ def run_adaptation(draws: np.ndarray, noise_terms: np.ndarray, dense: bool, *, a
     d = draws.shape[1]
     xs, terms = jnp.asarray(draws, jnp.float32), jnp.asarray(noise_terms, jnp.float32)
     ends = ad.window_ends(ad.adaptation_schedule(NUM_WARMUP), xs)
-
-    @jax.jit
-    def scan(state: ad.AdaptState) -> tuple[ad.AdaptState, tuple[jax.Array, jax.Array]]:
-        def body(s: ad.AdaptState, t: jax.Array) -> tuple[ad.AdaptState, tuple[jax.Array, jax.Array]]:
-            u = ad.to_u(s.preconditioner, xs[t])
-            s, _ = ad.adapt_step(s, u, xs[t], 0.0, terms[t], True, t, ends, adapt_mass=adapt_mass,
-                                 tune_step_size=tune, target=0.1, temperature=1.0, max_step_size=0.5)  # fmt: skip
-            scale = s.preconditioner.scale
-            return s, (s.step_size, scale[0, 0] if dense else scale[0])
-
-        return jax.lax.scan(body, state, jnp.arange(steps))
-
-    state, (step_sizes, scales) = scan(ad.adapt_init(ad.identity(d, dense, xs), 0.01, 1.0, xs[0], 0.0))
+    state = ad.adapt_init(ad.identity(d, dense, xs), 0.01, 1.0, xs[0], 0.0)
+    state, (step_sizes, scales) = _adapt_scan(state, xs, terms, ends, adapt_mass=adapt_mass, tune=tune, steps=steps)
     return state, np.asarray(step_sizes), np.asarray(scales)
 
 

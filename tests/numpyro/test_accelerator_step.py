@@ -9,9 +9,14 @@ On a GPU, XLA copies a conditional's predicate to the host and the device waits 
    host callback, and every ``while`` of the compiled step has a trip count known to XLA; the same check finds the
    CPU step's branches, so it can fail;
 2. **the CPU step's chain**: the same draws (same seed) to float tolerance, with and without the progress bar
-   (drawn per chunk of draws there), single and vectorized chains;
+   (drawn per chunk of draws there), single and vectorized chains, from the start and resumed after
+   ``warmup()``;
 3. **the same health warnings** for runs that trigger them (a step-size schedule that turns negative; a step size
    so large that steps are rejected and the thermostat's momentum is redrawn).
+
+The tuned kernels skip the mode search (``find_mode=False``): it only moves the chain's start, inside ``init``, and
+leaves the step's program as the default's, while its optimiser is about 40% of the CPU time that compiling a tuned
+kernel's start takes.
 """
 
 import re
@@ -49,14 +54,14 @@ def weights_model(X, y):
 
 
 KERNELS = {
-    "SGLD": lambda: backend.SGLD(logistic_model),
-    "SGHMC": lambda: backend.SGHMC(logistic_model),
-    "SGNHT": lambda: backend.SGNHT(logistic_model),
-    "SGNHT-4-steps": lambda: backend.SGNHT(logistic_model, steps_per_sample=4),
-    "PSGLD": lambda: backend.PSGLD(logistic_model),
+    "SGLD": lambda: backend.SGLD(logistic_model, find_mode=False),
+    "SGHMC": lambda: backend.SGHMC(logistic_model, find_mode=False),
+    "SGNHT": lambda: backend.SGNHT(logistic_model, find_mode=False),
+    "SGNHT-4-steps": lambda: backend.SGNHT(logistic_model, find_mode=False, steps_per_sample=4),
+    "PSGLD": lambda: backend.PSGLD(logistic_model, find_mode=False),
     "SGFS": lambda: backend.SGFS(weights_model),
-    "CSGLD": lambda: backend.CSGLD(logistic_model),
-    "CSGHMC": lambda: backend.CSGHMC(logistic_model),
+    "CSGLD": lambda: backend.CSGLD(logistic_model, find_mode=False),
+    "CSGHMC": lambda: backend.CSGHMC(logistic_model, find_mode=False),
     "Santa": lambda: backend.Santa(logistic_model, step_size=1e-3),
     "Recipe": lambda: backend.Recipe(logistic_model, step_size=1e-3, D=2.0, Q=SGHMC_Q, momentum=True),
     "SGRLD": lambda: backend.SGRLD(rates_model, step_size=1e-3),
@@ -166,12 +171,33 @@ def test_the_path_follows_the_data_and_a_bad_setting_is_named(monkeypatch, logis
 
 
 # --- 2. the same chain ------------------------------------------------------------------------------------------
+# The accelerator step changes kernel-generic code only (`ppl_sgmcmc.numpyro.kernel`, `.mcmc`): the health checks
+# and a rejected step's momentum redraw as selects, the run's loop split at the warm-up's end (a tuned kernel's
+# later calls traced without the adaptation), the bar drawn per chunk of calls. The rules and the warm-up's
+# adaptation are one function on both steps. So the chains are one per path through that code: a tuned kernel with
+# a momentum (the split; from the start, resumed after `warmup()`), the same with several steps per draw and the bar
+# (the split counted in draws, the bar's chunks on either side of it), a given step size without momentum (no split),
+# vectorized chains with the bar and thinning. Equality needs no length: 50 draws after a warm-up of 200 (its
+# adaptation windows) compare each draw.
+CHAINS = {
+    "SGNHT, tuned": KERNELS["SGNHT"],
+    "SGNHT, tuned, 4 steps per draw": KERNELS["SGNHT-4-steps"],
+    "SGLD, given step size": lambda: backend.SGLD(logistic_model, step_size=1e-3),
+}
+#: the tests that compare with `cpu_chains`'s runs: on one pytest-xdist worker (`--dist loadgroup`), which runs each once
+on_cpu_chains = pytest.mark.xdist_group("accelerator_step_cpu_chains")
+
+
+def samples(mcmc):
+    return {site: np.asarray(value) for site, value in mcmc.get_samples().items()}
+
+
 def draws(kernel, data, **options):
     run = dict(num_warmup=WARMUP, num_samples=50, progress_bar=False, verdict=False)
     run.update(options)
     mcmc = backend.MCMC(kernel, **run)
     mcmc.run(jax.random.PRNGKey(1), *data)
-    return {site: np.asarray(value) for site, value in mcmc.get_samples().items()}
+    return samples(mcmc)
 
 
 def assert_same_draws(accelerator, cpu):
@@ -180,44 +206,60 @@ def assert_same_draws(accelerator, cpu):
         np.testing.assert_allclose(accelerator[site], cpu[site], rtol=1e-4, atol=1e-5, err_msg=site)
 
 
-@pytest.mark.parametrize("name", [k if k == "SGNHT" else pytest.param(k, marks=pytest.mark.slow) for k in KERNELS])
-def test_the_accelerator_step_gives_the_cpu_steps_draws(name, path, logistic_data):
-    data = data_for(name, logistic_data)
-    path("cpu")
-    cpu = draws(KERNELS[name](), data)
+@pytest.fixture(scope="module")
+def cpu_chains(logistic_data):
+    """``cpu_chains(name)``: the CPU step's draws of ``CHAINS[name]`` (no bar), run once for the tests that compare
+    with them (the CPU step's bar leaves its draws as they are: ``tests/numpyro/test_mcmc.py``)."""
+    runs = {}
+
+    def get(name):
+        if name not in runs:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(kernel_module, "STEP_PATH", "cpu")
+                runs[name] = draws(CHAINS[name](), logistic_data)
+        return runs[name]
+
+    return get
+
+
+@on_cpu_chains
+@pytest.mark.parametrize("name", ["SGNHT, tuned", pytest.param("SGLD, given step size", marks=pytest.mark.slow)])
+def test_the_accelerator_step_gives_the_cpu_steps_draws(name, path, logistic_data, cpu_chains):
     path("accelerator")
-    assert_same_draws(draws(KERNELS[name](), data), cpu)
+    assert_same_draws(draws(CHAINS[name](), logistic_data), cpu_chains(name))
+
+
+@on_cpu_chains
+@pytest.mark.slow
+def test_the_same_draws_with_a_progress_bar(path, logistic_data, cpu_chains):
+    """The bar drawn after each chunk of calls, of the warm-up's and of the later ones; 4 steps per draw."""
+    name = "SGNHT, tuned, 4 steps per draw"
+    path("accelerator")
+    assert_same_draws(draws(CHAINS[name](), logistic_data, progress_bar=True), cpu_chains(name))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "options",
-    [
-        dict(progress_bar=True),
-        dict(num_chains=3, chain_method="vectorized"),
-        dict(num_chains=3, chain_method="vectorized", progress_bar=True, thinning=3),
-    ],
-)
-def test_the_same_draws_with_a_progress_bar_and_vectorized_chains(options, path, logistic_data):
+def test_the_same_draws_with_vectorized_chains(path, logistic_data):
+    """Three vectorized chains, thinned by 3, with the bar (a given step size: vectorizing leaves the loop's split
+    at the warm-up's end as it is)."""
+    options = dict(num_chains=3, chain_method="vectorized", thinning=3)
     path("cpu")
-    cpu = draws(backend.SGNHT(logistic_model), logistic_data, **options)
+    cpu = draws(backend.SGNHT(logistic_model, step_size=1e-2), logistic_data, **options)
     path("accelerator")
-    assert_same_draws(draws(backend.SGNHT(logistic_model), logistic_data, **options), cpu)
+    assert_same_draws(draws(backend.SGNHT(logistic_model, step_size=1e-2), logistic_data, progress_bar=True, **options),
+                      cpu)  # fmt: skip
 
 
+@on_cpu_chains
 @pytest.mark.slow
-def test_a_resumed_chain_after_warmup_gives_the_same_draws(path, logistic_data):
-    def resumed():
-        mcmc = backend.MCMC(backend.SGLD(logistic_model), num_warmup=WARMUP, num_samples=40, progress_bar=False,
-                            verdict=False)  # fmt: skip
-        mcmc.warmup(jax.random.PRNGKey(2), *logistic_data)
-        mcmc.run(mcmc.post_warmup_state.rng_key, *logistic_data)
-        return {"w": np.asarray(mcmc.get_samples()["w"])}
-
-    path("cpu")
-    cpu = resumed()
+def test_a_resumed_chain_after_warmup_gives_the_same_draws(path, logistic_data, cpu_chains):
+    """``warmup()`` (its calls all the warm-up's), then ``run`` from its state (none of them): the chain of one
+    run."""
     path("accelerator")
-    assert_same_draws(resumed(), cpu)
+    mcmc = backend.MCMC(CHAINS["SGNHT, tuned"](), num_warmup=WARMUP, num_samples=50, progress_bar=False, verdict=False)
+    mcmc.warmup(jax.random.PRNGKey(1), *logistic_data)
+    mcmc.run(mcmc.post_warmup_state.rng_key, *logistic_data)
+    assert_same_draws(samples(mcmc), cpu_chains("SGNHT, tuned"))
 
 
 # --- 3. the same warnings ---------------------------------------------------------------------------------------

@@ -49,8 +49,9 @@ def assert_same_run(mcmc, whole):
 
 @pytest.mark.slow
 def test_interrupted_run_resumes_bit_for_bit_with_vectorized_chains(logistic_data, tmp_path):
-    """Two vectorized chains, thinned by 2, 4 chunks of 10 draws; Ctrl-C during the third chunk, then a new
-    ``MCMC`` with a new kernel calls ``run`` again: the same chains as one ``mcmc.run``."""
+    """Two vectorized chains, thinned by 2, 4 chunks of 10 draws; Ctrl-C during the second chunk, then a new
+    ``MCMC`` with a new kernel calls ``run`` again (its chunks go on from each other): the same chains as one
+    ``mcmc.run``."""
     make = lambda: MCMC(SGNHT(logistic_model, step_size=1e-2, replace=False),  # noqa: E731
                         num_chains=2, chain_method="vectorized", thinning=2, **OPTIONS)  # fmt: skip
     fields = ("i", "rule_state.thermostat", "potential_energy")
@@ -58,14 +59,14 @@ def test_interrupted_run_resumes_bit_for_bit_with_vectorized_chains(logistic_dat
     whole.run(jax.random.PRNGKey(1), *logistic_data, extra_fields=fields)
 
     mcmc = make()
-    interrupt_after(mcmc, 2)
+    interrupt_after(mcmc, 1)
     with pytest.raises(KeyboardInterrupt):
         checkpoint.run(mcmc, jax.random.PRNGKey(1), *logistic_data, extra_fields=fields,
                        checkpoint=tmp_path, checkpoint_every=10)  # fmt: skip
-    idata = checkpoint.load(tmp_path)  # what the interrupted run kept: 2 chunks of 10 draws, thinned by 2
-    assert idata.posterior["w"].shape == (2, 10, 2)
-    np.testing.assert_array_equal(idata.posterior["w"], whole.get_samples(group_by_chain=True)["w"][:, :10])
-    np.testing.assert_array_equal(idata.sample_stats["i"], whole.get_extra_fields(group_by_chain=True)["i"][:, :10])
+    idata = checkpoint.load(tmp_path)  # what the interrupted run kept: 1 chunk of 10 draws, thinned by 2
+    assert idata.posterior["w"].shape == (2, 5, 2)
+    np.testing.assert_array_equal(idata.posterior["w"], whole.get_samples(group_by_chain=True)["w"][:, :5])
+    np.testing.assert_array_equal(idata.sample_stats["i"], whole.get_extra_fields(group_by_chain=True)["i"][:, :5])
     assert mcmc.num_samples == 40 and mcmc.post_warmup_state is None  # the MCMC object is left as it was
 
     resumed = make()  # a new process would do the same: everything comes from the checkpoint
@@ -84,41 +85,19 @@ def test_interrupted_run_resumes_bit_for_bit_with_vectorized_chains(logistic_dat
 
 @pytest.mark.slow
 def test_csgld_with_an_auto_grid_resumes_bit_for_bit(logistic_data, tmp_path):
-    """CSGLD calibrates its energy grid during the warm-up (the first chunk); the later chunks, and a new kernel
-    resuming them, continue with that grid, ``θ`` and the chain's warm-up windows."""
+    """CSGLD calibrates its energy grid during the warm-up (the first chunk); a new kernel resuming the chain with
+    the second chunk continues with that grid, ``θ`` and the chain's warm-up windows."""
     make = lambda: MCMC(CSGLD(logistic_model, step_size=1e-3, num_partitions=10), **OPTIONS)  # noqa: E731
     whole = make()
     whole.run(jax.random.PRNGKey(2), *logistic_data)
     mcmc = make()
     interrupt_after(mcmc, 1)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.run(mcmc, jax.random.PRNGKey(2), *logistic_data, checkpoint=tmp_path, checkpoint_every=15)
+        checkpoint.run(mcmc, jax.random.PRNGKey(2), *logistic_data, checkpoint=tmp_path, checkpoint_every=20)
     resumed = make()
-    checkpoint.run(resumed, jax.random.PRNGKey(2), *logistic_data, checkpoint=tmp_path, checkpoint_every=15)
+    checkpoint.run(resumed, jax.random.PRNGKey(2), *logistic_data, checkpoint=tmp_path, checkpoint_every=20)
     assert_same_run(resumed, whole)  # log_weight and partition included
     assert np.all(np.isfinite(resumed.last_state.energy_gap))
-
-
-@pytest.mark.slow
-def test_a_finished_run_continues_with_a_larger_num_samples(tmp_path):
-    """A complete checkpoint is only loaded; with more ``num_samples`` the chain goes on."""
-    make = lambda num_samples: MCMC(  # noqa: E731
-        SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2), step_size=0.1),
-        num_warmup=5, num_samples=num_samples, progress_bar=False,
-    )  # fmt: skip
-    init = {"x": jnp.ones(2)}
-    whole = make(30)
-    whole.run(jax.random.PRNGKey(0), init_params=init)
-    short = make(20)
-    checkpoint.run(short, jax.random.PRNGKey(0), init_params=init, checkpoint=tmp_path, checkpoint_every=20)
-    longer = make(30)
-    checkpoint.run(longer, jax.random.PRNGKey(0), init_params=init, checkpoint=tmp_path, checkpoint_every=20)
-    assert_same_run(longer, whole)
-    with pytest.raises(ValueError, match="holds 30 draws, more than num_samples=20"):
-        checkpoint.run(make(20), jax.random.PRNGKey(0), init_params=init, checkpoint=tmp_path, checkpoint_every=20)
-    with pytest.raises(ValueError, match="num_warmup=5, not 6"):
-        mcmc = MCMC(SGLD(potential_fn=lambda z: 0.0, step_size=0.1), num_warmup=6, num_samples=30, progress_bar=False)
-        checkpoint.run(mcmc, jax.random.PRNGKey(0), init_params=init, checkpoint=tmp_path, checkpoint_every=20)
 
 
 def test_arguments_are_checked(tmp_path):
@@ -143,6 +122,32 @@ def small_mcmc(num_samples):
 
 
 INIT = {"x": jnp.ones(2)}
+#: the tests that copy `three_chunks`: on one pytest-xdist worker (`--dist loadgroup`), which builds it once
+on_three_chunks = pytest.mark.xdist_group("checkpoint_three_chunks")
+
+
+@pytest.fixture(scope="module")
+def three_chunks(tmp_path_factory):
+    """A checkpoint of 3 chunks of 10 draws of :func:`small_mcmc` (seed 0), to copy, damage and continue, and its
+    ``MCMC``."""
+    directory = tmp_path_factory.mktemp("three_chunks")
+    mcmc = small_mcmc(30)
+    checkpoint.run(mcmc, jax.random.PRNGKey(0), init_params=INIT, checkpoint=directory, checkpoint_every=10)
+    return directory, mcmc
+
+
+@pytest.fixture(scope="module")
+def forty_draws():
+    """One uninterrupted run of :func:`small_mcmc` (seed 0): 40 draws, which a continued ``three_chunks`` gives."""
+    whole = small_mcmc(40)
+    whole.run(jax.random.PRNGKey(0), init_params=INIT)
+    return whole
+
+
+def copied(three_chunks, tmp_path):
+    """A copy of the checkpoint of ``three_chunks`` in ``tmp_path``."""
+    shutil.copytree(three_chunks[0], tmp_path / "checkpoint")
+    return tmp_path / "checkpoint"
 
 
 class Marker:
@@ -165,7 +170,8 @@ def rewrite_manifest(directory, change):
     path.write_text(json.dumps({**manifest, "checksum": hashlib.sha256(text.encode()).hexdigest()}))
 
 
-def test_a_crafted_checkpoint_runs_no_code(tmp_path):
+@on_three_chunks
+def test_a_crafted_checkpoint_runs_no_code(three_chunks, tmp_path):
     """A ``state.pkl`` (the old format) is not unpickled without the opt-in, and the current format has no
     pickle anywhere: a pickled object array in the state file, or a manifest naming a function as a
     NamedTuple class, is refused, even with valid checksums. None of them creates the marker file."""
@@ -179,9 +185,8 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path):
         checkpoint.run(small_mcmc(20), jax.random.PRNGKey(0), init_params=INIT, checkpoint=crafted, checkpoint_every=10)
     assert not marker.exists()
 
-    real = tmp_path / "real"
-    checkpoint.run(small_mcmc(20), jax.random.PRNGKey(0), init_params=INIT, checkpoint=real, checkpoint_every=10)
-    state_file = real / "state-00001.npz"
+    real = copied(three_chunks, tmp_path)
+    state_file = real / "state-00002.npz"
 
     def forge(arrays, tree):  # a state file and its structure, with valid checksums
         np.savez(state_file, **arrays)
@@ -190,50 +195,60 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path):
         rewrite_manifest(real, lambda manifest: manifest.update(state={**state, "tree": tree}))
 
     forge({"0": np.array([Marker(marker)], dtype=object)}, {"array": "0", "numpy": "object"})  # a pickle in the .npz
-    with pytest.raises(ValueError, match=r"the chain's state in .*state-00001\.npz.* does not rebuild .*pickle"):
-        checkpoint.run(small_mcmc(30), jax.random.PRNGKey(0), init_params=INIT, checkpoint=real, checkpoint_every=10)
+    with pytest.raises(ValueError, match=r"the chain's state in .*state-00002\.npz.* does not rebuild .*pickle"):
+        checkpoint.run(small_mcmc(40), jax.random.PRNGKey(0), init_params=INIT, checkpoint=real, checkpoint_every=10)
     forge({}, {"namedtuple": "os:system", "fields": {}})  # a function where a NamedTuple class goes
     with pytest.raises(ValueError, match="'os:system' is not a NamedTuple class"):
-        checkpoint.run(small_mcmc(30), jax.random.PRNGKey(0), init_params=INIT, checkpoint=real, checkpoint_every=10)
+        checkpoint.run(small_mcmc(40), jax.random.PRNGKey(0), init_params=INIT, checkpoint=real, checkpoint_every=10)
     assert not marker.exists()
 
 
+@on_three_chunks
 @pytest.mark.slow
-def test_an_old_pickle_checkpoint_is_read_with_the_opt_in_and_a_warning(tmp_path):
+def test_an_old_pickle_checkpoint_is_read_with_the_opt_in_and_a_warning(three_chunks, forty_draws, tmp_path):
     """A format-1 checkpoint (``state.pkl``) resumes bit for bit with ``allow_pickle=True``, with a warning,
     and is rewritten in the current format."""
-    whole = small_mcmc(40)
-    whole.run(jax.random.PRNGKey(0), init_params=INIT)
-    first = small_mcmc(20)
-    checkpoint.run(first, jax.random.PRNGKey(0), init_params=INIT, checkpoint=tmp_path, checkpoint_every=10)
+    tmp_path = copied(three_chunks, tmp_path)
     old = {"format": 1, "backend": "numpyro", "kernel": "SGNHT", "num_warmup": 5, "num_chains": 1, "thinning": 1,
-           "extra_fields": (), "num_draws": 20, "chunks": ["draws-00000.npz", "draws-00001.npz"],
-           "state": first.last_state, "diagnostics": None}  # fmt: skip
+           "extra_fields": (), "num_draws": 30, "chunks": [f"draws-0000{k}.npz" for k in range(3)],
+           "state": three_chunks[1].last_state, "diagnostics": None}  # fmt: skip
     (tmp_path / "state.pkl").write_bytes(pickle.dumps(old))
     (tmp_path / "manifest.json").unlink()
-    (tmp_path / "state-00001.npz").unlink()
+    (tmp_path / "state-00002.npz").unlink()
 
     with pytest.raises(ValueError, match=r"state\.pkl.*allow_pickle=True"):
         checkpoint.load(tmp_path)
     with pytest.warns(UserWarning, match="a pickle can run any code"):
-        assert checkpoint.load(tmp_path, allow_pickle=True).posterior["x"].shape == (1, 20, 2)
+        assert checkpoint.load(tmp_path, allow_pickle=True).posterior["x"].shape == (1, 30, 2)
     resumed = small_mcmc(40)
     with pytest.warns(UserWarning, match="a pickle can run any code"):
         checkpoint.run(resumed, jax.random.PRNGKey(0), init_params=INIT, checkpoint=tmp_path, checkpoint_every=10,
                        allow_pickle=True)  # fmt: skip
-    assert_same_run(resumed, whole)
+    assert_same_run(resumed, forty_draws)
     assert not (tmp_path / "state.pkl").exists() and (tmp_path / "manifest.json").exists()
     checkpoint.load(tmp_path)  # the current format: no opt-in needed
 
 
-@pytest.fixture(scope="module")
-def three_chunks(tmp_path_factory):
-    """A checkpoint of 3 chunks of 10 draws, to copy and damage."""
-    directory = tmp_path_factory.mktemp("three_chunks")
-    checkpoint.run(small_mcmc(30), jax.random.PRNGKey(0), init_params=INIT, checkpoint=directory, checkpoint_every=10)
-    return directory
+@on_three_chunks
+@pytest.mark.slow
+def test_a_finished_run_continues_with_a_larger_num_samples(three_chunks, forty_draws, tmp_path):
+    """A complete checkpoint is only loaded; with more ``num_samples`` the chain goes on."""
+    tmp_path = copied(three_chunks, tmp_path)
+    loaded = small_mcmc(30)
+    checkpoint.run(loaded, jax.random.PRNGKey(0), init_params=INIT, checkpoint=tmp_path, checkpoint_every=10)
+    assert_same_run(loaded, three_chunks[1])
+    longer = small_mcmc(40)
+    checkpoint.run(longer, jax.random.PRNGKey(0), init_params=INIT, checkpoint=tmp_path, checkpoint_every=10)
+    assert_same_run(longer, forty_draws)
+    shorter = small_mcmc(30)
+    with pytest.raises(ValueError, match="holds 40 draws, more than num_samples=30"):
+        checkpoint.run(shorter, jax.random.PRNGKey(0), init_params=INIT, checkpoint=tmp_path, checkpoint_every=10)
+    with pytest.raises(ValueError, match="num_warmup=5, not 6"):
+        mcmc = MCMC(SGNHT(potential_fn=lambda z: 0.0, step_size=0.1), num_warmup=6, num_samples=40, progress_bar=False)
+        checkpoint.run(mcmc, jax.random.PRNGKey(0), init_params=INIT, checkpoint=tmp_path, checkpoint_every=10)
 
 
+@on_three_chunks
 @pytest.mark.parametrize(
     "damage, message",
     [
@@ -250,8 +265,7 @@ def three_chunks(tmp_path_factory):
 )  # fmt: skip
 def test_a_damaged_checkpoint_gives_a_clear_error(three_chunks, tmp_path, damage, message):
     """Each damage is named, with the file, and no run goes on from it (nor a bare EOFError/BadZipFile)."""
-    tmp_path = tmp_path / "checkpoint"
-    shutil.copytree(three_chunks, tmp_path)
+    tmp_path = copied(three_chunks, tmp_path)
     chunk = tmp_path / "draws-00001.npz"
     if damage == "swap":
         shutil.move(tmp_path / "draws-00000.npz", tmp_path / "swap")

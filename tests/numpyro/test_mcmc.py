@@ -63,6 +63,7 @@ def sgnht(**kwargs):
     [dict(thinning=2, kernel=dict(steps_per_sample=3)), dict(num_chains=2, chain_method="vectorized")],
     ids=["one chain, thinning and steps_per_sample", "vectorized"],
 )
+@pytest.mark.usefixtures("xla_optimizations")
 def test_same_draws_as_without_the_bar(logistic_data, options, capfd):
     options = dict(options)
     kernel_options = options.pop("kernel", {})

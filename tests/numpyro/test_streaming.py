@@ -1,8 +1,14 @@
 """Plates over on-disk arrays (:mod:`ppl_sgmcmc.numpyro.streaming`): rows read on the host per minibatch.
 
 * A chain over a ``numpy.memmap`` follows the chain with the data on the device (the rows are those at the
-  kernel's own indices): fixed step size with vectorised chains, and the tuned warm-up with epochs.
+  kernel's own indices): fixed step size with vectorised chains, read ahead by blocks of 16 steps and step by
+  step (``block=1``), and the tuned warm-up with epochs, read ahead. The three runs cover the reading paths:
+  the read-ahead of independent draws (all of a block's indices at once) and of epochs (one draw after the
+  other), and the step's own read (``block=1``), which is the same whatever the kernel and its draw; the
+  warm-up reads step by step whatever the block. Each run compiles anew: the runs on the device are shared by
+  the tests that compare with them.
 * A step reads the minibatch's rows only: the host is asked for ``n`` rows per chain.
+* A streamed chain resumed in the middle of a block of rows read ahead follows the chain on the device.
 * The posterior is the conjugate one within Monte Carlo error (``tests/helpers.py``).
 * Bad input (a memmap of the wrong dtype or shape, a subsample outside its plate) raises naming the fix.
 """
@@ -66,21 +72,51 @@ def _run(model, data, kernel, num_chains=2, **options):
     return mcmc
 
 
+# (kernel, number of vectorised chains)
+KERNELS = {
+    "fixed": (lambda model: SGLD(model, step_size=5e-4), 2),
+    "tuned-epochs": (lambda model: SGNHT(model, replace=False), 1),
+}
+# the tests of the shared runs on one pytest-xdist worker (`--dist loadgroup`), which runs each of them once
+on_shared_runs = pytest.mark.xdist_group("streaming_shared_runs")
+
+
+@pytest.fixture(scope="module")
+def on_the_device():
+    """``kernel -> MCMC``: the kernel's chain with the data on the device, run once."""
+    runs = {}
+
+    def run(kernel):
+        if kernel not in runs:
+            runs[kernel] = _run(regression, (jnp.asarray(X), jnp.asarray(Y)), *KERNELS[kernel])
+        return runs[kernel]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def streamed_runs(memmap):
+    """``(kernel, block) -> (CountingArray, MCMC)``: the kernel's chain on the rows of the memmap read ``block``
+    steps' rows at a time, run once."""
+    runs = {}
+
+    def run(kernel, block):
+        if (kernel, block) not in runs:
+            host = CountingArray(memmap, dtype=np.float32, shape=(None, NUM_FEATURES))
+            runs[kernel, block] = host, _run(streamed(regression, block=block), (host, jnp.asarray(Y)), *KERNELS[kernel])
+        return runs[kernel, block]
+
+    return run
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("block", [16, 1])
-@pytest.mark.parametrize(
-    "kernel, num_chains",
-    [(lambda model: SGLD(model, step_size=5e-4), 2), (lambda model: SGNHT(model, replace=False), 1)],
-    ids=["fixed", "tuned-epochs"],
-)
-def test_same_trajectory_as_on_the_device(memmap, kernel, num_chains, block):
-    host = CountingArray(memmap, dtype=np.float32, shape=(None, NUM_FEATURES))
-    streamed_run = _run(streamed(regression, block=block), (host, jnp.asarray(Y)), kernel, num_chains)
-    device_run = _run(regression, (jnp.asarray(X), jnp.asarray(Y)), kernel, num_chains)
-    for name in ("w",):
-        np.testing.assert_allclose(
-            streamed_run.get_samples()[name], device_run.get_samples()[name], rtol=1e-5, atol=1e-6
-        )
+@on_shared_runs
+@pytest.mark.parametrize("kernel, block", [("fixed", 16), ("fixed", 1), ("tuned-epochs", 16)])
+def test_same_trajectory_as_on_the_device(streamed_runs, on_the_device, kernel, block):
+    host, streamed_run = streamed_runs(kernel, block)
+    device_run = on_the_device(kernel)
+    num_chains = KERNELS[kernel][1]
+    np.testing.assert_allclose(streamed_run.get_samples()["w"], device_run.get_samples()["w"], rtol=1e-5, atol=1e-6)
     # the steps (one read for all vectorised chains) ask for their minibatches' rows only, `block` steps' rows
     # per read; the whole file is read by NumPyro's eager postprocessing of the initial state, once per phase of
     # the run (warm-up, sampling; see the module's docs)
@@ -95,20 +131,26 @@ def test_same_trajectory_as_on_the_device(memmap, kernel, num_chains, block):
 
 
 @pytest.mark.slow
-def test_reading_ahead_is_resumable(memmap):
-    """A chain continued from a state in the middle of a block of rows read ahead (another kernel object, as
-    after a restart) follows the uninterrupted chain."""
-    data = (HostArray(memmap), jnp.asarray(Y))
-    whole = MCMC(SGLD(streamed(regression), step_size=5e-4), num_warmup=0, num_samples=40, progress_bar=False)
-    whole.run(jax.random.PRNGKey(0), *data)
-    first = MCMC(SGLD(streamed(regression), step_size=5e-4), num_warmup=0, num_samples=21, progress_bar=False)
-    first.run(jax.random.PRNGKey(0), *data)
-    assert int(first.last_state.batch_state.position) == 21 % 16  # mid-block
-    second = MCMC(SGLD(streamed(regression), step_size=5e-4), num_warmup=0, num_samples=19, progress_bar=False)
-    second.post_warmup_state = first.last_state
-    second.run(first.last_state.rng_key, *data)
-    resumed = np.concatenate([first.get_samples()["w"], second.get_samples()["w"]])
-    np.testing.assert_allclose(resumed, whole.get_samples()["w"], rtol=1e-6, atol=1e-7)
+@on_shared_runs
+def test_reading_ahead_is_resumable(memmap, streamed_runs, on_the_device):
+    """The streamed chains of the fixed step size, continued from their last state, in the middle of a block of rows
+    read ahead (step 300 of blocks of 16), by another kernel object (as after a restart), follow the chains on the
+    device continued likewise (whose state holds no rows: their continuation is the uninterrupted chain) for 100
+    steps, over six more blocks."""
+    make_kernel, num_chains = KERNELS["fixed"]
+    first = streamed_runs("fixed", 16)[1].last_state
+    np.testing.assert_array_equal(first.batch_state.position, [300 % 16] * num_chains)  # mid-block
+    resumed = []
+    for model, data, state in (
+        (streamed(regression), (HostArray(memmap), jnp.asarray(Y)), first),
+        (regression, (jnp.asarray(X), jnp.asarray(Y)), on_the_device("fixed").last_state),
+    ):
+        mcmc = MCMC(make_kernel(model), num_warmup=0, num_samples=100, num_chains=num_chains,
+                    chain_method="vectorized", progress_bar=False)  # fmt: skip
+        mcmc.post_warmup_state = state
+        mcmc.run(state.rng_key, *data)
+        resumed.append(np.asarray(mcmc.get_samples()["w"]))
+    np.testing.assert_allclose(*resumed, rtol=1e-6, atol=1e-7)
 
 
 def test_block_must_be_a_positive_integer():

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ppl_sgmcmc.pyro import CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT
+from ppl_sgmcmc.pyro import CSGLD, PSGLD, SGFS, SGHMC, SGLD
 from ppl_sgmcmc.pyro import compile as compile_
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 
@@ -79,6 +79,9 @@ def simplex_and_matrix(X, y, c):
 
 
 MODELS = {m.__name__: m for m in (two_site_model, regression, positive_latents, simplex_and_matrix)}
+# the tests that compile `regression`'s (`plain`'s) graphs, on one worker: each graph is compiled once there (the
+# module's memo of compiled graphs), not once per test
+on_plain = pytest.mark.xdist_group("pyro_compile_plain")
 
 
 @pytest.fixture(scope="module")
@@ -120,50 +123,50 @@ def fresh_memo(monkeypatch):
     monkeypatch.setattr(compile_, "_memo", OrderedDict())
 
 
-@pytest.mark.parametrize("key", KEYS, ids=lambda k: str(k[1]))
-@pytest.mark.parametrize("name", list(MODELS))
-def test_compiled_graph_matches_traced_and_eager(name, key, data, fresh_memo):
+# Which graphs go through Inductor here. The per-datum score graph (``"per_example"``) holds all that the other two
+# hold: every site's forward, the backward of the prior part and of the data part (whose sum is the gradient and
+# whose data part, scaled, is the score) and the batched backward of the per-datum log-likelihoods, where the
+# constrained latents' columns were lost. So every model's distributions, transforms, event dimensions and
+# broadcasting are compiled in its per-datum graph. The graphs of ``with_score=False`` (one backward of the sum)
+# and ``True`` (no batched backward) differ from it in how the outputs are assembled, the same for every model:
+# each is compiled once, on ``regression``. One Inductor compile per graph, seconds each.
+GRAPH_CASES = [(name, KEYS[2]) for name in MODELS] + [("regression", key) for key in KEYS[:2]]
+
+
+@on_plain  # `regression` is `plain`: its graphs are those of the kernels' steps below, compiled once on a worker
+@pytest.mark.parametrize("name, key", GRAPH_CASES, ids=lambda case: str(case[1]) if isinstance(case, tuple) else case)
+def test_compiled_graph_matches_traced_and_eager(name, key, data):
+    """The kernel's :meth:`gradient` traces the model and compiles the whole graph with Inductor (no eager fallback,
+    no warning; at most one Inductor run, none when this process compiled the same graph before). The graph as
+    traced and as compiled give the eager model's outputs at two points, twice (a call must not change the graph's
+    buffers), and so does the kernel; the per-datum scores lose no column and average to the score."""
     target = _target(MODELS[name], data)
     points = _points(target)
-    fn, inputs, _ = target.traceable(key, *points[0])
-    always = lambda compiled: True  # noqa: E731 - compare here, not through the target's own check
-    raw = compile_.trace(fn, inputs, always, "test", optimize=False)
     before = _inductor_runs()
-    simplified = compile_.trace(fn, inputs, always, "test", optimize=True)
-    assert raw is not None and simplified is not None
-    assert isinstance(raw.graph, torch.fx.GraphModule)
-    assert isinstance(simplified.graph, compile_.InductorGraph)  # Inductor compiled it:
-    assert _inductor_runs() == before + 1  # one graph, whole (fullgraph=True), through Inductor
-    for flat, batch in points * 2:  # twice: a call must not change the graph's buffers
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        target.gradient(*points[0], key[1])
+    compiled = target._compiled[key]
+    assert isinstance(compiled.graph, compile_.InductorGraph)  # Inductor compiled it, as one graph:
+    assert _inductor_runs() - before <= 1 and compiled.graph.graph.code == compiled.traced.code
+    args = (points[0][0], points[0][1]["data"], *target._arg_tensors)
+    raw = compile_.compile_graph(compiled.traced, args, compile=False)  # the graph as traced
+    fields = ["energy", "grad", "score", "per_example"][: 2 + bool(key[1]) + (key[1] == "per_example")]
+    for flat, batch in points * 2:
         args = (flat, batch["data"], *target._arg_tensors)
         eager = target._eager_gradient(flat, batch, key[1])
-        expected = [eager.energy, eager.grad, eager.score, eager.per_example]
-        expected = expected[: 2 + bool(key[1]) + (key[1] == "per_example")]
-        got_raw, got = raw(*args), simplified(*args)
+        expected = [getattr(eager, what) for what in fields]
+        got_raw, got = raw(*args), compiled(*args)
         assert len(got) == len(got_raw) == len(expected)
-        for what, a, b, e in zip(["energy", "grad", "score", "per_example"], got, got_raw, expected):
+        for what, a, b, e in zip(fields, got, got_raw, expected):
             _assert_close(b, e, f"{name} {what} (traced)")
             _assert_close(a, e, f"{name} {what} (compiled)")
         if key[1] == "per_example":
             assert bool((got[3].abs().sum(0) > 0).all())  # no column lost, constrained latents' included
             _assert_close(got[3].mean(0), got[2], f"{name} per-datum scores average to the score")
-
-
-@pytest.mark.parametrize(  # TorchInductor compiles each model's per-example graph anew: one in the quick tier
-    "name", [name if name == "regression" else pytest.param(name, marks=pytest.mark.slow) for name in MODELS]
-)
-def test_per_example_graph_is_compiled_and_used(name, data):
-    """The kernel traces and compiles the per-datum score graph (no eager fallback, no uncompiled graph)."""
-    target = _target(MODELS[name], data)
-    (flat, batch), _ = _points(target)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        result = target.gradient(flat, batch, "per_example")
-    compiled = target._compiled[("gradient", "per_example")]
-    assert compiled is not None
-    assert isinstance(compiled.graph, compile_.InductorGraph)
-    eager = target._eager_gradient(flat, batch, "per_example")
-    _assert_close(result.per_example, eager.per_example, name)
+        result = target.gradient(flat, batch, key[1])
+        for what, e in zip(fields, expected):
+            _assert_close(getattr(result, what), e, f"{name} {what} (the kernel's)")
 
 
 # --- the compiler on small hand-written graphs: in-place writes, aliasing, no-ops ------------------------------
@@ -372,7 +375,8 @@ def test_data_dependent_control_flow_falls_back_to_eager(name, data):
         assert len(paths) == 2  # both paths taken: a graph with one path baked in would be wrong on the other
 
 
-def test_compiled_gradient_equals_eager_and_hand_written(data, fresh_memo):
+@on_plain
+def test_compiled_gradient_equals_eager_and_hand_written(data):
     """On a model without control flow the kernel uses the compiled graph (no warning), and its potential and
     gradient equal the eager model's and the hand-written ones."""
     target = _sgld_target(plain, data)
@@ -389,7 +393,8 @@ def test_compiled_gradient_equals_eager_and_hand_written(data, fresh_memo):
     assert isinstance(target._compiled[("gradient", False)].graph, compile_.InductorGraph)
 
 
-def test_identical_graphs_share_one_compiled_module(data, fresh_memo):
+@on_plain
+def test_identical_graphs_share_one_compiled_module(data):
     """A second kernel of the same model on the same data reuses the compiled module; a model whose graph
     differs only in its constants, or data of another size, gets its own, with its own (right) gradient."""
     flat, batch = _two_paths(data)[0]
@@ -445,10 +450,18 @@ def test_compiled_graph_disagreeing_with_the_model_is_not_used(data, monkeypatch
     _assert_close(got.grad, grad, "gradient")
 
 
+# One row per path through the compiled step (`SGMCMCKernel._trace_step`): the gradient graph it calls (no score:
+# SGLD, CSGLD, SGHMC; the mean score: PSGLD; per-datum scores: SGFS), a rule whose gradient is taken at the chain's
+# position, where a rejected step returns (SGLD, PSGLD, SGFS), or not (CSGLD, SGHMC, whose rejected step refreshes a
+# momentum), the rule's own state (none: SGLD; one
+# tensor: PSGLD; a Fisher estimate: SGFS; the contour's weights: CSGLD; a momentum: SGHMC), the warm-up's
+# preconditioner as inputs (tuned SGHMC) and rejected steps. SGNHT's step takes the same paths as SGHMC's (a momentum
+# and a thermostat, both rule-state tensors), and its arithmetic is checked against NumPyro's in
+# `test_cross_backend.py`; each row costs an Inductor compile of its step, seconds. The SGLD row's graph is the one
+# `test_one_compiled_step_serves_every_step_size` compiles (on the same worker: once).
 STEP_KERNELS = {
     "SGLD": lambda: SGLD(plain, step_size=1e-4),
     "SGFS": lambda: SGFS(plain, alpha=1.0, ridge=1e-2),
-    "SGNHT": lambda: SGNHT(plain, step_size=1e-3),
     "PSGLD": lambda: PSGLD(plain, step_size=1e-4),
     "CSGLD": lambda: CSGLD(plain, step_size=1e-4),
     "SGHMC, tuned, dense mass": lambda: SGHMC(plain, dense_mass=True),
@@ -456,6 +469,7 @@ STEP_KERNELS = {
 }
 
 
+@on_plain
 @pytest.mark.parametrize("kind", STEP_KERNELS)
 def test_compiled_step_equals_eager(kind, data, monkeypatch):
     """After the warm-up a step is one compiled graph (the gradient's traced graph, the rule's move, the finiteness
@@ -499,6 +513,7 @@ def test_compiled_step_equals_eager(kind, data, monkeypatch):
                                        equal_nan=True)  # fmt: skip  # SGFS: noise not measured (NaN)
 
 
+@on_plain
 def test_one_compiled_step_serves_every_step_size(data):
     """The step size is an input of the compiled step, not a constant of it: a second kernel on the same model with
     another step size calls the same compiled code (no second compilation, about a second each), with its own
@@ -514,6 +529,7 @@ def test_one_compiled_step_serves_every_step_size(data):
     assert isinstance(graphs[0], compile_.InductorGraph) and graphs[0] is graphs[1]
 
 
+@on_plain
 def test_step_with_a_schedule_is_not_compiled(data):
     """A step-size schedule changes the step at every step: it runs eagerly (one compiled graph per step would
     cost seconds each), with the gradient's graph and the noise estimate's compiled as before."""

@@ -3,12 +3,18 @@
 1. **The stochastic potential**: the same model declared in NumPyro and in Pyro, at the same
    unconstrained point and on the same minibatch indices, has the same ``Ũ_t`` (with the ``N/n`` plate
    scale and the log-Jacobian of a constrained latent), the same gradient and the same mean per-datum
-   score. The NumPyro side is NumPyro's own ``potential_energy``, not this library's code.
+   score. The NumPyro side is NumPyro's own ``potential_energy``, not this library's code. The Pyro side runs
+   the model eagerly: ``test_compile.py`` checks the compiled graph of the same gradient and score
+   (``regression``, this model with another prior scale) against the eager model.
 2. **The kernels**: both backends' kernels, fed the same gradient (a ``potential_fn``) and the same
    noise sequence, follow the same trajectory, for every algorithm and integrator, with a step-size
    schedule. ``tests/rules/test_rules.py`` already runs the pure rules on ``jax.numpy`` and ``torch``
    arrays; this checks everything around them: initial rule state, which noise goes where, the
    schedule's indexing, hyper-parameter plumbing (e.g. ``thermostat="scalar"``), divergence handling.
+   The NumPyro step is jitted once, as NumPyro's ``MCMC`` runs it (:func:`jitted_numpyro_steps`); the Pyro
+   kernels run eagerly (``compile_potential=False``): with a ``potential_fn`` only the noise estimate would be
+   compiled, which the trajectory does not read, and the compiled step is checked against the eager one in
+   ``test_compile.py``.
 
 Together these make the two backends' chains equal in distribution; ``test_posterior.py`` compares
 their posteriors statistically as well.
@@ -55,7 +61,7 @@ def test_same_stochastic_potential_gradient_and_score():
     X = rng.normal(size=(N, 3)).astype(np.float32)
     y = (X @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=N)).astype(np.float32)
     pyro.set_rng_seed(0)
-    kernel = pyro_backend.PSGLD(pyro_model, step_size=1e-3)
+    kernel = pyro_backend.PSGLD(pyro_model, step_size=1e-3, compile_potential=False)
     kernel.setup(0, torch.from_numpy(X), torch.from_numpy(y))
     target = kernel._target
     assert target.layout.names == ["sigma", "w"]  # the flat order of jax.flatten_util.ravel_pytree
@@ -73,13 +79,10 @@ def test_same_stochastic_potential_gradient_and_score():
         value, grad = value_and_grad(jnp.asarray(flat), jnp.asarray(idx))
         score = -(grad - prior_grad(jnp.asarray(flat), jnp.asarray(idx))) / N
 
-        for compiled in (True, False):
-            target.compile = compiled
-            target._compiled.clear()
-            got = target.gradient(torch.from_numpy(flat), {"data": torch.from_numpy(idx)}, with_score=True)
-            np.testing.assert_allclose(got.energy.numpy(), value, rtol=1e-5)
-            np.testing.assert_allclose(got.grad.numpy(), grad, rtol=1e-5, atol=1e-4)
-            np.testing.assert_allclose(got.score.numpy(), score, rtol=1e-5, atol=1e-6)
+        got = target.gradient(torch.from_numpy(flat), {"data": torch.from_numpy(idx)}, with_score=True)
+        np.testing.assert_allclose(got.energy.numpy(), value, rtol=1e-5)
+        np.testing.assert_allclose(got.grad.numpy(), grad, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(got.score.numpy(), score, rtol=1e-5, atol=1e-6)
 
 
 # --- the kernels: same gradient, same noise, same trajectory --------------------------------------
@@ -112,29 +115,58 @@ CASES = {
 NUM_DRAWS = 25
 
 
-@pytest.mark.parametrize(  # each compiles a NumPyro run and traces a Pyro one: SGLD in the quick tier, all in the slow
+def jitted_numpyro_steps(np_kernel, state, model_args, noises, indices=None):
+    """NumPyro's states after each of ``len(noises)`` steps, step ``k`` drawing the noise ``noises[k]`` (and the
+    minibatch ``indices[k]``). The step is jitted, as NumPyro's ``MCMC`` runs it, with the noise (and the
+    indices) as its arguments: ``jax.random.normal`` (and the target's ``draw``) are replaced while it is traced,
+    once. (Run eagerly, each of the step's hundreds of small operations would be compiled on its own.)"""
+    draws = []
+
+    def step(state, noise, idx):
+        def normal(key, shape, dtype=None):
+            draws.append(tuple(shape))
+            return noise
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(jax.random, "normal", normal)
+            # the momentum redraw of a rejected step (a `lax.cond` branch, not taken here) draws no queued noise
+            patch.setattr(np_kernel_module, "_refresh_noise", lambda key, like: jnp.zeros_like(like))
+            if idx is not None:
+                patch.setattr(np_kernel._target, "draw", lambda key, batch_state: ({"data": idx}, batch_state))
+            return np_kernel.sample(state, model_args, {})
+
+    step = jax.jit(step)
+    states = []
+    for k, noise in enumerate(noises):
+        state = step(state, jnp.asarray(noise), None if indices is None else jnp.asarray(indices[k]))
+        states.append(state)
+    assert draws == [noises.shape[1:]]  # traced once; one noise draw of the parameters' shape per step
+    return states
+
+
+def numpyro_states(np_kernel, noises, num_warmup=0, x0=X0):
+    """The NumPyro kernel on a ``potential_fn`` from ``x0``: ``init`` draws ``noises[0]`` (its one call of
+    ``jax.random.normal``), step ``k`` draws ``noises[k + 1]`` (:func:`jitted_numpyro_steps`)."""
+    queue = iter(noises[:1])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jax.random, "normal", lambda key, shape, dtype=None: jnp.asarray(next(queue)))
+        state = np_kernel.init(jax.random.PRNGKey(0), num_warmup, init_params={"x": jnp.asarray(x0)})
+    return jitted_numpyro_steps(np_kernel, state, (), noises[1:])
+
+
+@pytest.mark.parametrize(  # each jits a NumPyro step: SGLD in the quick tier, all in the slow
     "case", [case if case == "sgld" else pytest.param(case, marks=pytest.mark.slow) for case in CASES]
 )
-def test_same_gradient_and_noise_same_trajectory(case, monkeypatch):
+def test_same_gradient_and_noise_same_trajectory(case):
     name, hyper = CASES[case]
-    noises = np.random.default_rng(4).normal(size=(2 * NUM_DRAWS + 1, 3)).astype(np.float32)
+    noises = np.random.default_rng(4).normal(size=(NUM_DRAWS + 1, 3)).astype(np.float32)
 
-    # NumPyro: jax.random.normal, which the kernel calls once in `init` and once per step, hands out `noises`;
-    # the momentum kernels' redraw for rejected steps (traced in a `lax.cond` branch, never taken here) gets zeros
-    queue = iter(noises)
-    monkeypatch.setattr(jax.random, "normal", lambda key, shape, dtype=None: jnp.asarray(next(queue)))
-    monkeypatch.setattr(np_kernel_module, "_refresh_noise", lambda key, like: jnp.zeros_like(like))
-    np_kernel = getattr(np_backend, name)(potential_fn=energy_jax, **hyper)
-    state = np_kernel.init(jax.random.PRNGKey(0), 0, init_params={"x": jnp.asarray(X0)})
-    np_states = []
-    for _ in range(NUM_DRAWS):
-        state = np_kernel.sample(state, (), {})
-        np_states.append(state)
-    monkeypatch.undo()
+    # NumPyro: jax.random.normal, which the kernel calls once in `init` and once per step, hands out `noises`
+    np_states = numpyro_states(getattr(np_backend, name)(potential_fn=energy_jax, **hyper), noises)
 
     # Pyro: the kernel's noise source hands out the same `noises`
     queue = iter(noises)
-    pyro_kernel = getattr(pyro_backend, name)(potential_fn=energy_torch, **hyper)
+    pyro_kernel = getattr(pyro_backend, name)(potential_fn=energy_torch, compile_potential=False, **hyper)
     pyro_kernel.initial_params = {"x": torch.from_numpy(X0)}
     pyro_kernel.setup(0)
     pyro_kernel._normal = lambda like, shape=None, generator=None: torch.from_numpy(next(queue))
@@ -153,7 +185,7 @@ def test_same_gradient_and_noise_same_trajectory(case, monkeypatch):
     assert np.abs(params["x"].numpy() - X0).max() > 0.1  # the chain moved
 
 
-def test_same_rejection_of_non_finite_steps(monkeypatch):
+def test_same_rejection_of_non_finite_steps():
     """An energy that overflows on part of the space: both kernels reject the same steps and keep
     the same last finite state."""
 
@@ -164,15 +196,10 @@ def test_same_rejection_of_non_finite_steps(monkeypatch):
         return (torch.exp(4 * z["x"]) + z["x"] ** 2).sum()
 
     noises = np.random.default_rng(1).normal(size=(41, 3)).astype(np.float32) * 3
-    queue = iter(noises)
-    monkeypatch.setattr(jax.random, "normal", lambda key, shape, dtype=None: jnp.asarray(next(queue)))
-    np_kernel = np_backend.SGLD(potential_fn=energy_jax, step_size=2.0)
-    state = np_kernel.init(jax.random.PRNGKey(0), 0, init_params={"x": jnp.asarray(X0)})
-    np_states = [state := np_kernel.sample(state, (), {}) for _ in range(40)]
-    monkeypatch.undo()
+    np_states = numpyro_states(np_backend.SGLD(potential_fn=energy_jax, step_size=2.0), noises)
 
     queue = iter(noises)
-    kernel = pyro_backend.SGLD(potential_fn=energy_torch, step_size=2.0)
+    kernel = pyro_backend.SGLD(potential_fn=energy_torch, step_size=2.0, compile_potential=False)
     kernel.initial_params = {"x": torch.from_numpy(X0)}
     kernel.setup(0)
     kernel._normal = lambda like, shape=None, generator=None: torch.from_numpy(next(queue))

@@ -1,6 +1,20 @@
 """``PyroModule`` networks (``PyroSample`` priors, and ``nn.Module``\\ s converted by ``to_pyro_module_``) under
 every kernel's defaults, the refusals of parameters without priors and weights sampled in the plate, and
-:func:`ppl_sgmcmc.pyro.batched_predictive`."""
+:func:`ppl_sgmcmc.pyro.batched_predictive`.
+
+Which runs cover "every module kind under every kernel's defaults" (:data:`RUNS`): every kernel on the
+``PyroModule`` network, and the converted network on SGNHT and SGFS, not the whole kernel × kind grid (as in
+``tests/numpyro/test_modules.py``). The two kinds differ only in how the module becomes a ``PyroModule`` (built
+from ``PyroModule[...]`` classes, or an ``nn.Module`` whose classes ``to_pyro_module_`` swaps in place): a
+property of the model, which reaches a kernel only through the model's target
+(:class:`ppl_sgmcmc.pyro.potential.ModelTarget`: the sites, here of the same names and shapes for both kinds,
+and its minibatch potential and gradients). A kernel sees the position as one flat vector, and its rule
+(:mod:`ppl_sgmcmc.rules`) moves that vector; no rule reads the sites but SGRLD's positivity check (SGRLD is not
+among the kernels here). The model's autograd graph is used in two ways that depend on the kernel: the gradients
+(with the mean per-datum score that PSGLD reads) and the start's Hessian (a double backward pass), for every
+kernel that adapts its metric (all here but SGFS; SGNHT stands for them), and SGFS's per-datum scores (one batched
+backward pass over the minibatch's log-likelihoods, ``ModelTarget.gradient`` with ``with_score="per_example"``).
+So SGNHT and SGFS on the converted network run every path its sites take."""
 
 import warnings
 
@@ -21,6 +35,9 @@ from ppl_sgmcmc.pyro import posterior_predictive as predictive_module
 from tests.helpers import assert_mc_close, conjugate_posterior, mean_and_mcse, sd_and_mcse
 
 KERNELS = ["SGLD", "SGHMC", "SGNHT", "PSGLD", "CSGLD", "CSGHMC", "SGFS", "ReSGLD", "ReSGHMC"]
+# (kernel, network kind): every kernel on the PyroModule network, and the converted one on the metric-adapting
+# SGNHT and on SGFS's per-datum scores (the module docstring says why this covers the grid)
+RUNS = [(name, "pyromodule") for name in KERNELS] + [(name, "converted") for name in ("SGNHT", "SGFS")]
 NOISE = 0.5
 
 
@@ -77,11 +94,12 @@ def data():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["pyromodule", "converted"])
-@pytest.mark.parametrize("name", KERNELS)
-def test_network_runs_with_defaults(kind, name, data):
-    """Every applicable kernel runs each network kind with its defaults (no step size): finite draws of every
-    weight site with its shape, and finite predictions."""
+@pytest.mark.parametrize(("name", "kind"), RUNS)
+def test_network_runs_with_defaults(name, kind, data):
+    """The kernel runs the network with its defaults (no step size): finite draws of every weight site with its
+    shape, every coordinate moving (not stuck at its start), and finite predictions. The sizes are the least the
+    defaults allow (a warm-up of 200 steps) and 50 draws, as this checks that the run works, not what it samples
+    (the conjugate test below does)."""
     X, y = data
     model = Regression(_network(kind))
     mcmc = MCMC(getattr(kernels, name)(model), warmup_steps=200, num_samples=50, disable_progbar=True)
@@ -92,6 +110,7 @@ def test_network_runs_with_defaults(kind, name, data):
     params = {site: value for site, value in samples.items() if site.startswith("net.")}
     assert len(params) == 4 and all(value.dim() >= 2 for value in params.values())
     assert all(bool(torch.isfinite(value).all()) for value in samples.values())
+    assert all(bool((value.amax(0) > value.amin(0)).all()) for value in params.values())
     out = batched_predictive(model, params, X[:30], return_sites=["f"], batch_rows=16)
     assert out.mean["f"].shape == (30,) and np.isfinite(out.sd["f"]).all()
 

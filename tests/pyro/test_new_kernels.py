@@ -24,10 +24,9 @@ from pyro.infer import MCMC
 from ppl_sgmcmc import numpyro as np_backend
 from ppl_sgmcmc import pyro as pyro_backend
 from ppl_sgmcmc.importance import resample
-from ppl_sgmcmc.numpyro import kernel as np_kernel_module
 from ppl_sgmcmc.pyro import CSGHMC, CSGLD, SGFS, SGLD, SGRLD, sample_stats, to_inference_data
 from ppl_sgmcmc.schedules import polynomial
-from tests.pyro.test_cross_backend import X0, energy_jax, energy_torch
+from tests.pyro.test_cross_backend import X0, energy_jax, energy_torch, jitted_numpyro_steps, numpyro_states
 
 NUM_DRAWS = 25
 
@@ -79,53 +78,18 @@ CASES = {
 }  # fmt: skip
 
 
-def _jitted_numpyro_steps(np_kernel, state, model_args, noises, indices=None):
-    """NumPyro's states after each of ``len(noises)`` steps, step ``k`` drawing the noise ``noises[k]`` (and the
-    minibatch ``indices[k]``). The step is jitted, as NumPyro's ``MCMC`` runs it, with the noise (and the
-    indices) as its arguments: ``jax.random.normal`` (and the target's ``draw``) are replaced while it is traced,
-    once. (Run eagerly, each of the step's hundreds of small operations would be compiled on its own.)"""
-    draws = []
-
-    def step(state, noise, idx):
-        def normal(key, shape, dtype=None):
-            draws.append(tuple(shape))
-            return noise
-
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(jax.random, "normal", normal)
-            # the momentum redraw of a rejected step (a `lax.cond` branch, not taken here) draws no queued noise
-            patch.setattr(np_kernel_module, "_refresh_noise", lambda key, like: jnp.zeros_like(like))
-            if idx is not None:
-                patch.setattr(np_kernel._target, "draw", lambda key, batch_state: ({"data": idx}, batch_state))
-            return np_kernel.sample(state, model_args, {})
-
-    step = jax.jit(step)
-    states = []
-    for k, noise in enumerate(noises):
-        state = step(state, jnp.asarray(noise), None if indices is None else jnp.asarray(indices[k]))
-        states.append(state)
-    assert draws == [noises.shape[1:]]  # traced once; one noise draw of the parameters' shape per step
-    return states
-
-
 @pytest.mark.parametrize("case", list(CASES))
-def test_same_gradient_and_noise_same_trajectory(case, monkeypatch):
+def test_same_gradient_and_noise_same_trajectory(case):
     name, hyper, num_warmup = CASES[case]
     positive = name == "SGRLD"
     x0 = X0_POS if positive else X0
     e_jax, e_torch = (gamma_energy_jax, gamma_energy_torch) if positive else (energy_jax, energy_torch)
     noises = np.random.default_rng(4).normal(size=(NUM_DRAWS + 1, 3)).astype(np.float32)
-
-    queue = iter(noises[:1])
-    monkeypatch.setattr(jax.random, "normal", lambda key, shape, dtype=None: jnp.asarray(next(queue)))
-    np_kernel = getattr(np_backend, name)(potential_fn=e_jax, **hyper)
-    state = np_kernel.init(jax.random.PRNGKey(0), num_warmup, init_params={"x": jnp.asarray(x0)})
-    monkeypatch.undo()
-    np_states = _jitted_numpyro_steps(np_kernel, state, (), noises[1:])
+    np_states = numpyro_states(getattr(np_backend, name)(potential_fn=e_jax, **hyper), noises, num_warmup, x0)
     state = np_states[-1]
 
     queue = iter(noises)
-    pyro_kernel = getattr(pyro_backend, name)(potential_fn=e_torch, **hyper)
+    pyro_kernel = getattr(pyro_backend, name)(potential_fn=e_torch, compile_potential=False, **hyper)
     pyro_kernel.initial_params = {"x": torch.from_numpy(x0)}
     pyro_kernel.setup(num_warmup)
     pyro_kernel._normal = lambda like, shape=None, generator=None: torch.from_numpy(next(queue))
@@ -164,11 +128,18 @@ SGFS_CASES = {
     "full-inf-identity": dict(step_size=math.inf, B="identity", ridge=1e-2),
     "diagonal-vector-B": dict(step_size=2.0, fisher="diagonal", B=np.array([1.0, 2.0, 0.5])),
 }
+COMPILED_SGFS_CASE = "full-alpha"
 
 
 @pytest.mark.parametrize("case", list(SGFS_CASES))
 def test_sgfs_same_minibatches_and_noise_same_trajectory(case):
+    """The Pyro SGFS kernel's draws, rule state and energies are NumPyro's, step by step. One case runs the Pyro
+    kernel compiled (the per-datum score graph, then after the warm-up the whole step: ``test_compile.py`` checks
+    both against the eager kernel), the others eagerly: the three differ in the rule's arithmetic (full or diagonal
+    Fisher, ``α`` or an infinite step, ``B``), which is what the comparison with NumPyro checks, not in what is
+    compiled around it; an Inductor compile of each step would cost seconds."""
     hyper = SGFS_CASES[case]
+    compiled = case == COMPILED_SGFS_CASE
     rng = np.random.default_rng(0)
     X = rng.normal(size=(N_SGFS, 2)).astype(np.float32)
     y = (X @ np.array([1.0, -0.5]) + 0.5 * rng.normal(size=N_SGFS)).astype(np.float32)
@@ -179,17 +150,19 @@ def test_sgfs_same_minibatches_and_noise_same_trajectory(case):
     np_kernel = np_backend.SGFS(np_logistic, **hyper)
     state = np_kernel.init(jax.random.PRNGKey(0), 5, init_params={k: jnp.asarray(v) for k, v in init.items()},
                            model_args=(jnp.asarray(X), jnp.asarray(y)))  # fmt: skip
-    np_states = _jitted_numpyro_steps(np_kernel, state, (jnp.asarray(X), jnp.asarray(y)), noises[1:], indices)
+    np_states = jitted_numpyro_steps(np_kernel, state, (jnp.asarray(X), jnp.asarray(y)), noises[1:], indices)
 
     queue, batches = iter(noises), iter(indices)
-    kernel = SGFS(pyro_logistic, **hyper)
+    kernel = SGFS(pyro_logistic, compile_potential=compiled, **hyper)
     kernel.initial_params = {k: torch.as_tensor(v) for k, v in init.items()}
     kernel.setup(5, torch.from_numpy(X), torch.from_numpy(y))
     kernel._normal = lambda like, shape=None, generator=None: torch.from_numpy(next(queue))
     kernel._target.draw = lambda generator, bs: ({"data": torch.from_numpy(next(batches))}, bs)
     params = _compare(case, kernel, np_states, kernel.initial_params, rtol=1e-4, atol=1e-5)
     assert abs(float(params["w"][0]) - 0.9) > 1e-3  # the chain moved
-    assert kernel._target._compiled[("gradient", "per_example")] is not None  # traced, not eager
+    if compiled:  # traced, not eager
+        assert kernel._target._compiled[("gradient", "per_example")] is not None
+        assert [key for key in kernel._graphs if key[0] == "step"] == [("step", "per_example")]
 
 
 def two_site_model(X, y, c):
@@ -203,12 +176,14 @@ def two_site_model(X, y, c):
         pyro.sample("c", dist.Bernoulli(logits=logits).to_event(1), obs=pyro.subsample(c, event_dim=1))
 
 
-@pytest.mark.parametrize("compiled", [pytest.param(True, marks=pytest.mark.slow), False])  # True: an Inductor compile
-def test_per_example_scores_are_per_datum_gradients(compiled):
+def test_per_example_scores_are_per_datum_gradients():
+    """The eager kernel's per-datum scores are the per-datum gradients (``torch.func.grad`` of each datum's
+    log-likelihood) and average to the score. The compiled graph's equal the eager kernel's on this model
+    (``test_compile.py``, ``two_site_model``): together, the compiled ones are the per-datum gradients too."""
     g = torch.Generator().manual_seed(0)
     Xs, ys = torch.randn(50, 3, generator=g), torch.randn(50, generator=g)
     cs = (torch.rand(50, 2, generator=g) < 0.5).float()
-    kernel = SGFS(two_site_model, alpha=1.0, compile_potential=compiled)
+    kernel = SGFS(two_site_model, alpha=1.0, compile_potential=False)
     kernel.setup(0, Xs, ys, cs)
     target = kernel._target
     flat = torch.tensor([-0.4, 0.3, -0.2, 0.5])  # sigma (unconstrained), w
@@ -263,6 +238,10 @@ def normal_mean(y):
 
 
 Y = torch.from_numpy(np.random.default_rng(0).normal(1.0, 1.0, size=100).astype(np.float32))
+# short chains whose checks are not about compilation run the model eagerly: each kernel's compiled gradient and step
+# (``test_compile.py`` checks them against the eager ones) would cost seconds of Inductor compiling, more than the
+# eager steps
+EAGER = dict(compile_potential=False)
 
 
 def run_model(kernel, warmup_steps=100, num_samples=100, **kwargs):
@@ -273,9 +252,10 @@ def run_model(kernel, warmup_steps=100, num_samples=100, **kwargs):
 
 def test_zeta_zero_is_sgld_exactly():
     pyro.set_rng_seed(0)
-    csgld = run_model(CSGLD(normal_mean, step_size=1e-3, zeta=0.0, energy_min=0.0, energy_gap=1.0), num_samples=50)
+    csgld = run_model(CSGLD(normal_mean, step_size=1e-3, zeta=0.0, energy_min=0.0, energy_gap=1.0, **EAGER),
+                      num_samples=50)  # fmt: skip
     pyro.set_rng_seed(0)
-    sgld = run_model(SGLD(normal_mean, step_size=1e-3), num_samples=50)
+    sgld = run_model(SGLD(normal_mean, step_size=1e-3, **EAGER), num_samples=50)
     np.testing.assert_array_equal(csgld.get_samples()["mu"][1:].numpy(), sgld.get_samples()["mu"][:-1].numpy())
     np.testing.assert_array_equal(sample_stats(csgld)["log_weight"], 0.0)
 
@@ -283,7 +263,8 @@ def test_zeta_zero_is_sgld_exactly():
 def test_sample_stats_reach_inference_data_and_importance():
     pyro.set_rng_seed(0)
     with pytest.warns(UserWarning, match="sequentially"):
-        mcmc = run_model(CSGHMC(normal_mean, step_size=1e-2, num_partitions=20, integrator="euler"), num_chains=2)
+        mcmc = run_model(CSGHMC(normal_mean, step_size=1e-2, num_partitions=20, integrator="euler", **EAGER),
+                         num_chains=2)  # fmt: skip
     stats = sample_stats(mcmc)
     assert stats["log_weight"].shape == stats["partition"].shape == (2, 100)
     idata = to_inference_data(mcmc)
@@ -299,7 +280,7 @@ def test_sample_stats_reach_inference_data_and_importance():
 
 
 def test_auto_grid_from_the_first_half_of_warmup():
-    kernel = CSGLD(normal_mean, step_size=1e-3, num_partitions=20)
+    kernel = CSGLD(normal_mean, step_size=1e-3, num_partitions=20, **EAGER)
     energies = []
     mcmc = MCMC(kernel, warmup_steps=200, num_samples=5, disable_progbar=True,
                 hook_fn=lambda k, params, stage, i: energies.append(float(k.state.potential_energy)))  # fmt: skip
@@ -378,7 +359,7 @@ def test_csgld_auto_grid_without_warmup_warns():
     """A new chain without warm-up cannot calibrate an "auto" grid: a warning names the fix (a chain
     continued from its state, whose grid is calibrated, needs none, so this is not an error)."""
     with pytest.warns(UserWarning, match=r"choose the energy grid during the warm-up.*energy_gap"):
-        run_model(CSGLD(normal_mean, step_size=1e-3), warmup_steps=0, num_samples=2)
+        run_model(CSGLD(normal_mean, step_size=1e-3, **EAGER), warmup_steps=0, num_samples=2)
 
 
 def test_csgld_parent_setup_without_warmup():
@@ -432,7 +413,7 @@ def test_sgrld_moves_positive_latents_in_their_own_space():
         with pyro.plate("data", y.shape[0], subsample_size=20):
             pyro.sample("y", dist.Poisson(rate), obs=pyro.subsample(y, event_dim=0))
 
-    kernel = SGRLD(model, step_size=1e-3)
+    kernel = SGRLD(model, step_size=1e-3, **EAGER)
     mcmc = MCMC(kernel, warmup_steps=50, num_samples=50, disable_progbar=True,
                 hook_fn=lambda k, params, stage, i: last.update(params))  # fmt: skip
     last = {}
