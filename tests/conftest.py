@@ -58,7 +58,8 @@ def _compile_for_tests():
     emitters (``--xla_cpu_use_fusion_emitters=false``) are on. They change how a program is compiled, not what it
     computes; results may differ in the last bits from a default compilation, and do not vary from run to run. The
     quick tests of ``tests/numpyro/test_kernel.py`` take 2.4 times less CPU time (``docs/src/developer/testing.md``).
-    ``PPL_SGMCMC_TEST_XLA_DEFAULTS=1`` compiles with XLA's defaults instead, as users' programs are.
+    ``PPL_SGMCMC_TEST_XLA_DEFAULTS=1`` compiles with XLA's defaults instead, as users' programs are. Tests that
+    run long chains turn LLVM's optimisations back on for them (``tests.helpers.optimized_compilation``).
 
     The emitters' flag goes into ``XLA_FLAGS``, where an XLA that no longer knows it would stop the process; a
     subprocess checks first that this XLA accepts it.
@@ -80,15 +81,13 @@ def _compile_for_tests():
 
 @pytest.fixture
 def xla_optimizations():
-    """XLA's default optimisations for the programs a test compiles (not ``jax_disable_most_optimizations``): for a
+    """XLA's default optimisations for the programs a test compiles (``tests.helpers.optimized_compilation``): for a
     test that two different programs computing the same chain give it bit for bit, which XLA gives when it
     optimises both as users' programs are (at ``-O0`` their roundings may differ in the last bit)."""
-    import jax
+    from tests.helpers import optimized_compilation
 
-    before = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_disable_most_optimizations", False)
-    yield
-    jax.config.update("jax_disable_most_optimizations", before)
+    with optimized_compilation():
+        yield
 
 
 def pytest_configure(config):

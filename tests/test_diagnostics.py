@@ -298,9 +298,11 @@ def regression_model(X, y):
 
 
 def regression_run(step_size, seed, X, y, start):
+    """Two chains of 500 draws, 5 steps apart, from the posterior mean: no warm-up (a start in the posterior's bulk
+    needs no burn-in; a warm-up phase would compile a second loop for each run)."""
     mcmc = MCMC(
         SGLD(regression_model, step_size=step_size, steps_per_sample=5),
-        num_warmup=200, num_samples=500, num_chains=2, chain_method="vectorized", progress_bar=False,
+        num_warmup=0, num_samples=500, num_chains=2, chain_method="vectorized", progress_bar=False,
     )  # fmt: skip
     mcmc.run(jax.random.PRNGKey(seed), X, y, init_params={"w": jnp.tile(jnp.asarray(start, jnp.float32), (2, 1))})
     return mcmc
@@ -337,15 +339,22 @@ def gaussian_potential(z):
 PRECISION = jnp.array([[1.0, 0.5], [0.5, 2.0]])
 
 
+# the tests of the shared runs `tuned_run` and `two_mode_run`: on one pytest-xdist worker (`--dist loadgroup`), which
+# runs each once
+on_shared_runs = pytest.mark.xdist_group("diagnostics_shared_runs")
+
+
 @pytest.fixture(scope="module")
 def tuned_run():
-    """SGLD with the warm-up's step size and a dense adapted preconditioner, two chains."""
+    """SGLD with the warm-up's step size and a dense adapted preconditioner, two chains; also the finished run of an
+    SGLD kernel on which the bad-input tests check the arguments (a run of its own would compile two more loops)."""
     kernel = SGLD(potential_fn=gaussian_potential, find_mode=False, dense_mass=True, steps_per_sample=2)
     mcmc = MCMC(kernel, num_warmup=200, num_samples=300, num_chains=2, chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(3), init_params={"x": jnp.zeros((2, 2))})
     return mcmc
 
 
+@on_shared_runs
 def test_ksd_of_a_run_is_imq_ksd_of_its_thinned_draws_in_the_adapted_coordinates(tuned_run):
     """Evenly spaced draws of the pooled chains, the exact scores ``-P x``, and ``Γ`` the chains' ``L Lᵀ``
     averaged."""
@@ -417,6 +426,7 @@ def test_step_halving_is_silent_on_a_healthy_run():
     assert (result.table[["mean_z", "sd_z"]].abs() < result.threshold).all(axis=None)
 
 
+@on_shared_runs
 def test_step_halving_halves_a_tuned_step_size(tuned_run):
     """A tuned step size is the chains' state's: the continuation runs at half of it."""
     tuned = np.asarray(tuned_run.last_state.adapt_state.step_size)
@@ -444,7 +454,8 @@ def test_step_halving_halves_a_schedule_and_slows_its_clock():
 
 
 # --- (8) bad input to the run-level functions -------------------------------------------------------
-def test_run_level_bad_input():
+@on_shared_runs
+def test_run_level_bad_input(tuned_run):
     with pytest.raises(TypeError, match="`mcmc` must be a numpyro.infer.MCMC or pyro.infer.MCMC"):
         ksd({"x": np.zeros((1, 10))})
     nuts = MCMC(NUTS(potential_fn=gaussian_potential), num_warmup=1, num_samples=1, progress_bar=False)
@@ -453,7 +464,7 @@ def test_run_level_bad_input():
     idle = MCMC(SGLD(potential_fn=gaussian_potential, step_size=0.1), num_warmup=1, num_samples=1, progress_bar=False)
     with pytest.raises(ValueError, match=r"holds no draws: call `mcmc.run\(...\)` first"):
         ksd(idle)
-    mcmc = sgld_run(0.1, 1, 20)
+    mcmc = tuned_run
     with pytest.raises(ValueError, match="`num_draws` must be an integer >= 2"):
         ksd(mcmc, num_draws=1)
     with pytest.raises(ValueError, match="`preconditioner` must be \"adapted\", None or an array"):
@@ -522,6 +533,7 @@ def two_mode_run():
     return csgld_run(5, num_chains=2)
 
 
+@on_shared_runs
 def test_energy_noise_is_the_sd_of_the_minibatch_energy_and_flags_the_two_mode_case(two_mode_run):
     """N = 20, n = 5 with replacement: σ ≈ 6.5 at the modes, against Δu ≈ σ (the automatic grid measures the
     noise) and τ = 1: every chain is flagged, with a warning. σ at 50 evenly spaced draws per chain matches the
@@ -600,14 +612,15 @@ def test_the_thresholds():
     assert _noise_report(np.zeros((1, 5)), np.ones(1), 1.0)[1:] == (1.0, [])
 
 
-def test_energy_noise_bad_input(two_mode_run):
+@on_shared_runs
+def test_energy_noise_bad_input(two_mode_run, tuned_run):
     with pytest.raises(TypeError, match="`mcmc` must be a numpyro.infer.MCMC or pyro.infer.MCMC"):
         energy_noise({"theta": np.zeros((1, 10))})
     idle = MCMC(CSGLD(two_mode_model, step_size=1e-3), num_warmup=10, num_samples=10, progress_bar=False)
     with pytest.raises(ValueError, match=r"holds no draws: call `mcmc.run\(...\)` first"):
         energy_noise(idle)
     with pytest.raises(TypeError, match="the run's kernel is SGLD, not CSGLD or CSGHMC"):
-        energy_noise(sgld_run(0.1, 1, 20))
+        energy_noise(tuned_run)
     kernel = CSGLD(potential_fn=lambda z: jnp.sum(z["x"] ** 2) / 2, step_size=0.1, energy_min=0.0, energy_gap=1.0)
     mcmc = MCMC(kernel, num_warmup=0, num_samples=10, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)})

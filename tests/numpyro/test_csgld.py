@@ -15,14 +15,30 @@ Tolerances: ``K_SIGMA = 4.5`` Monte Carlo standard errors (``tests/helpers.py``)
 own ``θ`` and normalises its own weights, so a chain's self-normalised estimate is one independent
 replicate: estimates are the mean over the 16 chains and their MCSE the chains' sd over sqrt(16).
 
-Measured (seed 0 here; 1.5e5 steps per chain): weighted left-mode mass 0.41-0.43 over seeds, MCSE
-~0.015, weight ESS (Kish) ~45% of the draws, ~300 mode switches per chain. Adapting θ while sampling
-biases the weighted estimates by O(ω_k): +0.020 ± 0.008 after 1.5e5 steps and +0.011 ± 0.003 after
-6e5 (32 chains, ``lax.scan`` of the same rule); with θ frozen after the warm-up (``adapt_theta="warmup"``,
-this run's settings) 0.407 ± 0.017 and 0.397 ± 0.014 on two seeds. That bias is well inside the
-tolerance here (4.5 × 0.015). The mixture is not used for
-θ: at h = 0.1 the discretisation moves the learned θ(0) from the fixed point's 0.897 to 0.915 (at
-h = 0.05: 0.899), more than θ's MCSE (0.003).
+Measured (seed 0 here; 1.26e5 steps per chain, see below; under ``tests/conftest.py``'s compilation): weighted
+left-mode mass 0.434, MCSE 0.016 (0.41-0.43 over seeds, MCSE 0.011-0.017), weight ESS (Kish) 45% of the draws,
+86-121 mode switches per chain (counted on the draws, with hysteresis). Adapting θ while sampling
+(``adapt_theta="always"``, the default, this run's) biases the weighted estimates by O(ω_k): +0.020 ± 0.008 after
+1.5e5 steps and +0.011 ± 0.003 after 6e5 (32 chains, ``lax.scan`` of the same rule); with θ frozen after the
+warm-up (``adapt_theta="warmup"``) 0.407 ± 0.017 and 0.397 ± 0.014 on two seeds. That bias is well inside the
+tolerance here (4.5 × 0.015). The mixture is not used for θ: at h = 0.1 the discretisation moves the learned θ(0)
+from the fixed point's 0.897 to 0.915 (at h = 0.05: 0.899), more than θ's MCSE (0.003).
+
+Why 16 chains and 1.25e5 steps of learning θ (2.5e4 in the warm-up, 1e5 sampled). What sets the length is the
+power, the MCSE (~0.015: an error of ~0.07 in the left-mode mass is detected), not the other checks: the weight ESS
+is a fraction of the draws (45% against the 20% required) at any length, and the bias of adapting θ falls as
+~L^-0.43 (from the two lengths above) while the MCSE falls as L^-1/2, so it stays 1.3-1.8 MCSE at any length L per
+chain. The per-chain estimate's spread is set by its mode switches (one per ~1500 steps), not by its draws: 10
+steps a draw loses nothing, and 1 step a draw costs the same CPU time (measured: 16 chains × 2.5e4 steps, 3.8-4.5 s
+either way). Fewer, longer chains cost more CPU per chain-step (the vectorized step's cost is not proportional to
+the chains: 4 chains cost 0.6 of 16). More, shorter chains are ~1.5 times cheaper per chain-step (64 chains cost
+2.2-2.7 times 16), but at a quarter of the length the bias of adapting θ grows to ~0.036 = 2.4 MCSE, and the test
+would fail on ~2% of seeds. The quick tier's learned-state checks share this run (no run of their own). The energy
+grid's ``u_min`` is calibrated on the first 1000 steps, not half the warm-up (2.5e4 steps of SGLD with θ uniform):
+the chains start at the right mode, where the energy is least, and ``ω_k`` counts from the calibration, so θ learns
+as before (2.5e4 warm-up steps, then 1e5 sampled) and the run is 1.26e5 steps, not 1.5e5. SGLD's comparison run
+(the same 1.26e5 steps) keeps the 16 chains: 3 of them leave the right mode (one switch each), so "most chains
+stay" needs them (with 4 chains, two or more would leave on ~17% of seeds).
 """
 
 import arviz as az
@@ -42,6 +58,10 @@ from tests.helpers import assert_mc_close
 CHAINS = 16
 P_LEFT = 0.4 * scipy.stats.norm.cdf(5) + 0.6 * scipy.stats.norm.cdf(-5)  # exact P(x < -1)
 SECOND_MOMENT = 0.4 * 37 + 0.6 * 17  # E x² = 25 (the mean is 0)
+# the mixture's runs: u_min from the first 1000 steps (the chains start at the right mode's minimum energy), then
+# the warm-up's 2.5e4 steps of learning θ before the 1e5 sampled steps (10 steps a draw)
+CALIBRATION = 1000
+WARMUP = CALIBRATION // 10 + 2500
 
 
 def mixture_energy(z, rng_key):
@@ -69,8 +89,8 @@ on_mixture = pytest.mark.xdist_group("csgld_mixture")
 @pytest.fixture(scope="module")
 def csgld_mixture():
     kernel = CSGLD(potential_fn=mixture_energy, step_size=0.1, num_partitions=50, energy_gap=1.0, zeta=0.75,
-                   steps_per_sample=10)  # fmt: skip
-    return run_mixture(kernel, 5000, 10000)
+                   calibration_steps=CALIBRATION, steps_per_sample=10)  # fmt: skip
+    return run_mixture(kernel, WARMUP, 10000)
 
 
 def per_chain(idata, fn):
@@ -112,7 +132,7 @@ def test_csgld_recovers_both_modes_where_sgld_stays(csgld_mixture):
     # the unweighted draws follow the flattened density: close to half in each mode, not π's 0.4
     assert abs((x < -1).mean() - 0.5) < 0.05
 
-    sgld = run_mixture(SGLD(potential_fn=mixture_energy, step_size=0.1, steps_per_sample=10), 5000, 10000)
+    sgld = run_mixture(SGLD(potential_fn=mixture_energy, step_size=0.1, steps_per_sample=10), WARMUP, 10000)
     x_sgld = np.asarray(sgld.get_samples(group_by_chain=True)["x"])
     switches_sgld = mode_switches(x_sgld)
     print(f"  SGLD mode switches per chain: {switches_sgld}; left-mode fraction {(x_sgld < -1).mean():.3f}")
@@ -157,8 +177,8 @@ def test_importance_resampling_gives_the_target(csgld_mixture):
 @pytest.mark.slow
 def test_csghmc_recovers_both_modes():
     kernel = CSGHMC(potential_fn=mixture_energy, step_size=0.3, friction=1.0, num_partitions=50, energy_gap=1.0,
-                    steps_per_sample=10)  # fmt: skip
-    mcmc = run_mixture(kernel, 3000, 6000)
+                    calibration_steps=CALIBRATION, steps_per_sample=10)  # fmt: skip
+    mcmc = run_mixture(kernel, CALIBRATION // 10 + 1500, 6000)  # θ learns for 1.5e4 warm-up steps, then 6e4 more
     check_mixture(az.from_numpyro(mcmc), "CSGHMC")
     assert mode_switches(np.asarray(mcmc.get_samples(group_by_chain=True)["x"])).min() >= 10
 

@@ -45,6 +45,7 @@ from tests.helpers import (
     conjugate_posterior,
     cov_and_mcse,
     ess,
+    exact_unknown_noise_posterior,
     linear_regression_data,
     mahalanobis,
     mean_and_mcse,
@@ -54,6 +55,7 @@ from tests.helpers import (
     predicted_cov_sgld,
     predicted_thermostat,
     sd_and_mcse,
+    unknown_noise_gradient_cov,
 )
 
 # long chains sized by their Monte Carlo error (above): the slow tier; the quick tier runs every kernel on
@@ -185,49 +187,13 @@ def regression_unknown_noise(X, y):
         pyro.sample("y", dist.Normal(mean, sigma), obs=pyro.subsample(y, event_dim=0))
 
 
-def exact_unknown_noise_posterior(X, y):
-    """The posterior of ``w ~ N(0, I)``, ``σ ~ HalfNormal(1)``, ``y ~ N(X w, σ²)``: given ``σ`` it is
-    Gaussian with precision ``Λ = I + XᵀX/σ²`` and mean ``Λ⁻¹Xᵀy/σ²``; ``σ``'s marginal
-    ``p(σ | y) ∝ HalfNormal(σ) N(y; 0, σ²I + XXᵀ)`` is tabulated on a fine grid of ``log σ``.
-
-    Returns ``E[w]``, ``E[σ]``, ``sd(σ)``, ``sd(w)``, and the mean and covariance of ``(w, log σ)``."""
-    X, y = np.asarray(X, np.float64), np.asarray(y, np.float64)
-    log_sigma = np.linspace(np.log(0.3), np.log(2.0), 4001)
-    XtX, Xty, yty = X.T @ X, X.T @ y, y @ y
-    log_post, means, covs = [], [], []
-    for s in np.exp(log_sigma):
-        precision = np.eye(X.shape[1]) + XtX / s**2
-        cov = np.linalg.inv(precision)
-        mean = cov @ Xty / s**2
-        log_lik = -len(y) * np.log(s) - 0.5 * np.linalg.slogdet(precision)[1] - 0.5 * (yty - Xty @ mean) / s**2
-        log_post.append(log_lik - s**2 / 2 + np.log(s))  # + log HalfNormal(σ) + log|dσ/d log σ|
-        means.append(mean)
-        covs.append(cov)
-    weights = np.exp(np.asarray(log_post) - max(log_post))
-    weights /= weights.sum()
-    means, covs, sigma = np.asarray(means), np.asarray(covs), np.exp(log_sigma)
-    w_mean = weights @ means
-    w_cov = np.einsum("k,kij->ij", weights, covs + np.einsum("ki,kj->kij", means, means)) - np.outer(w_mean, w_mean)
-    ls_mean = weights @ log_sigma
-    joint_cov = np.zeros((3, 3))
-    joint_cov[:2, :2] = w_cov
-    joint_cov[:2, 2] = joint_cov[2, :2] = weights @ (means * log_sigma[:, None]) - w_mean * ls_mean
-    joint_cov[2, 2] = weights @ log_sigma**2 - ls_mean**2
-    sigma_mean = weights @ sigma
-    sigma_sd = np.sqrt(weights @ sigma**2 - sigma_mean**2)
-    return w_mean, sigma_mean, sigma_sd, np.sqrt(np.diag(w_cov)), np.append(w_mean, ls_mean), joint_cov
-
-
 def test_constrained_latent_and_deterministic_sites_against_the_exact_posterior():
     w_mean, sigma_mean, sigma_sd, w_sd, joint_mean, joint_cov = exact_unknown_noise_posterior(X2, Y2)
 
     # SGHMC on (w, log σ), curvature 130-200: the predicted variance bias (Laplace approximation, minibatch
     # gradient covariance at the posterior mean) is 5-9%, allowed for; the chain relaxes in ~20 steps.
     step_size, friction = 0.004, 25.0
-    residual = (Y2 - X2 @ joint_mean[:2]).astype(np.float64)
-    sigma2 = np.exp(2 * joint_mean[2])
-    per_datum = np.concatenate([-X2 * (residual / sigma2)[:, None], (1 - residual**2 / sigma2)[:, None]], axis=1)
-    grad_cov = NUM_DATA2**2 / BATCH2 * np.cov(per_datum.T, bias=True)
+    grad_cov = unknown_noise_gradient_cov(X2, Y2, joint_mean, BATCH2)
     predicted = predicted_cov_momentum(np.linalg.inv(joint_cov), grad_cov, step_size, friction, friction, "splitting")
     var_bias = np.diag(predicted - joint_cov)
     assert_small_bias("sghmc (w, log σ) variance", var_bias, np.diag(joint_cov), 0.1)
