@@ -69,7 +69,6 @@ def _compile_for_tests():
     os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
     flags = os.environ.get("XLA_FLAGS", "")
     if _FAST_COMPILE_XLA_FLAGS not in flags:
-
         combined = f"{flags} {_FAST_COMPILE_XLA_FLAGS}".strip()
         probe = [sys.executable, "-c", "import jax; jax.numpy.zeros(1).block_until_ready()"]
         env = {**os.environ, "XLA_FLAGS": combined, "JAX_PLATFORMS": "cpu"}
@@ -81,9 +80,10 @@ def _compile_for_tests():
 
 @pytest.fixture
 def xla_optimizations():
-    """XLA's default optimisations for the programs a test compiles (``tests.helpers.optimized_compilation``): for a
-    test that two different programs computing the same chain give it bit for bit, which XLA gives when it
-    optimises both as users' programs are (at ``-O0`` their roundings may differ in the last bit)."""
+    """XLA's default optimisations for the programs a test compiles (``tests.helpers.optimized_compilation``): for
+    long chains (run time, not compile time), and for a test that two different programs computing the same chain
+    give it bit for bit, which XLA gives when it optimises both as users' programs are (at ``-O0`` their roundings
+    may differ in the last bit)."""
     from tests.helpers import optimized_compilation
 
     with optimized_compilation():

@@ -50,7 +50,6 @@ from tests.helpers import (
     mean_and_mcse,
     mean_score_second_moment,
     minibatch_gradient_cov,
-    optimized_compilation,
     predicted_cov_momentum,
     predicted_cov_sgld,
     predicted_thermostat,
@@ -60,13 +59,8 @@ from tests.helpers import (
 
 # long chains sized by their Monte Carlo error (above): the slow tier; the quick tier runs every kernel on
 # small models (test_kernel.py and the kernels' own files)
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _optimized():
-    with optimized_compilation():  # chains of 10⁴-10⁵ steps: run time, not compile time
-        yield
+# chains of 10⁴-10⁵ steps: compiled for run time, not compile time (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("xla_optimizations")]
 
 
 NUM_DATA, NUM_FEATURES, BATCH = 1000, 3, 50

@@ -46,7 +46,7 @@ from numpyro.infer import MCMC
 from ppl_sgmcmc.numpyro import SGFS, SGLD
 from ppl_sgmcmc.numpyro.potential import ModelTarget
 from ppl_sgmcmc.rules import sgfs
-from tests.helpers import assert_mc_close, assert_small_bias, cov_and_mcse, ess, mean_and_mcse, optimized_compilation
+from tests.helpers import assert_mc_close, assert_small_bias, cov_and_mcse, ess, mean_and_mcse
 
 NUM_DATA, NUM_FEATURES, BATCH = 2000, 3, 200
 FEATURE_CORR = np.array([[1.0, 0.5, 0.2], [0.5, 1.0, -0.3], [0.2, -0.3, 1.0]])
@@ -161,14 +161,8 @@ def posterior_moments():
     return exact_moments()
 
 
-@pytest.fixture
-def optimized():
-    with optimized_compilation():  # chains of 10³-10⁴ steps on N = 2000-25,000: run time, not compile time
-        yield
-
-
 @pytest.mark.slow
-@pytest.mark.usefixtures("optimized")
+@pytest.mark.usefixtures("xla_optimizations")  # chains of 10³-10⁴ steps: run time, not compile time
 def test_sgfs_full_matches_the_posterior(posterior_moments):
     """SGFS-f at α = 0: mean and covariance match the posterior's (paper 003, §5.1, Fig. 1 top)."""
     mcmc, draws = run_sgfs("full", NUM_SAMPLES_FULL, seed=2)
@@ -194,7 +188,7 @@ def test_sgfs_full_matches_the_posterior(posterior_moments):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("optimized")
+@pytest.mark.usefixtures("xla_optimizations")  # chains of 10³-10⁴ steps: run time, not compile time
 def test_sgfs_diagonal_mean_matches_the_posterior(posterior_moments):
     """SGFS-d at α = 0: the mean matches the posterior's; the covariance is the predicted (too narrow) one."""
     mcmc, draws = run_sgfs("diagonal", NUM_SAMPLES_DIAGONAL, seed=3)
@@ -396,7 +390,7 @@ def quadratic(x, y):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("optimized")
+@pytest.mark.usefixtures("xla_optimizations")  # chains of 10³-10⁴ steps: run time, not compile time
 def test_pymc3_sgfs_test_passes_from_the_prior_mean():
     """The defaults (α = 0 from an approximate mode) from PyMC3's start, the prior mean (1, 1, 1), with 5000
     warm-up steps: the posterior mean within 10 % of (1, 2, 3), as PyMC3's test asks (a fixed-step SGFS run
