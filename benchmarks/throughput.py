@@ -51,6 +51,7 @@ Usage (from the repository root)::
     PYTHONPATH=. python benchmarks/throughput.py --steps 160000 --rounds 4
     PYTHONPATH=. python benchmarks/throughput.py --pyro-only --rounds 3   # the Pyro rows only
     PYTHONPATH=. python benchmarks/throughput.py --repeated-runs  # compilation of repeated runs, ~3 min
+    PYTHONPATH=. python benchmarks/throughput.py --kernels-on-one-model  # start compiled once per model, ~3 min
     PYTHONPATH=. python benchmarks/throughput.py --health-callback  # the in-loop health report's cost, ~1 min
 """
 
@@ -907,6 +908,48 @@ def repeated_runs_section():
     compilation_cache.reset_cache()
 
 
+def kernels_on_one_model_section():
+    """What a notebook comparing kernels on one model pays: SGLD, SGHMC, SGNHT and pSGLD with tuned step sizes (the
+    start's mode search, Hessian and noise probe), one after the other on a9a in one process, each a new
+    ``ppl_sgmcmc.numpyro.MCMC`` (200 warm-up + 2000 draws, no progress bar, no persistent cache). Side by side: the
+    start's stages kept for the next kernel of the same model (the library's behaviour: the first kernel compiles
+    them), and the kept stages dropped before each kernel (every kernel compiles its own start, as before they were
+    kept)."""
+    from ppl_sgmcmc.numpyro import kernel as kernel_module
+
+    X_np, y_np, _, _ = load_a9a()
+    X, y = jnp.asarray(X_np), jnp.asarray(y_np)
+    print()
+    print("## Kernels compared on one model: the start's compilation (a9a, tuned, 200 warm-up + 2000 draws; seconds)")
+    print()
+    print("| start stages | kernel | wall | kernel start (`init`) | trace + lowering | XLA compilation |")
+    print("|---|---|---:|---:|---:|---:|")
+    init = kernel_module.SGMCMCKernel.init
+    for kept in (False, True):
+        for cls in (SGLD, SGHMC, SGNHT, PSGLD):
+            if not kept or cls is SGLD:  # the first kernel of each side compiles the start
+                kernel_module._START_STAGES.clear()
+            kernel = cls(model)
+            timed = {}
+
+            def timed_init(*args, kernel=kernel, timed=timed, **kwargs):
+                start = time.perf_counter()
+                state = jax.block_until_ready(init(kernel, *args, **kwargs))
+                timed["init"] = time.perf_counter() - start
+                return state
+
+            kernel.init = timed_init
+            with CLOCK.measure() as clock:
+                start = time.perf_counter()
+                mcmc = InLoopBarMCMC(kernel, num_warmup=200, num_samples=2000, progress_bar=False)
+                mcmc.run(random.PRNGKey(0), X, y)
+                jax.block_until_ready(mcmc.get_samples())
+                wall = time.perf_counter() - start
+            compile_time = sum(duration for _, _, duration in clock.compiles)
+            print(f"| {'kept' if kept else 'compiled per kernel'} | {cls.__name__} | {wall:.2f} | {timed['init']:.2f} "
+                  f"| {clock.total - compile_time:.2f} | {compile_time:.2f} |", flush=True)
+
+
 def health_callback_section(X, y, steps=20000, repeats=9, calls=2000):
     """The in-loop health report's cost: ``kernel.sample`` of the a9a model (given step size) compiled with the
     health checks' host callback (as under ``numpyro.infer.MCMC``) and without it (as under
@@ -996,6 +1039,8 @@ def main(argv=None):
                         help="only the cost of the health report's host callback in the compiled loop (~1 min)")
     parser.add_argument("--repeated-runs", action="store_true",
                         help="only the compilation of repeated runs, without and with JAX's persistent cache")
+    parser.add_argument("--kernels-on-one-model", action="store_true",
+                        help="only the start's compilation for kernels compared on one model (~3 min)")
     parser.add_argument("--pyro-steps", type=int, default=None, help=f"steps per Pyro run (default {PYRO_STEPS})")
     args = parser.parse_args(argv)
     pyro_steps = args.pyro_steps or (1000 if args.quick else PYRO_STEPS)
@@ -1027,6 +1072,10 @@ def main(argv=None):
         return
     if args.repeated_runs:
         repeated_runs_section()
+        print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s")
+        return
+    if args.kernels_on_one_model:
+        kernels_on_one_model_section()
         print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s")
         return
     if args.pyro_only:

@@ -27,8 +27,8 @@ def optimized_compilation():
     ``jax_disable_most_optimizations`` and 4.2 s with it off (92 vs 20 µs a step; compiling costs ~0.2 s more).
 
     XLA:CPU's elemental emitters stay on (``XLA_FLAGS``, read once per process). With them at ``-O2``, LLVM took
-    over 20 GB to optimise the CSGLD mixture's vectorised loop (``tests/numpyro/test_csgld.py``, Gaussian gradient
-    noise drawn in the potential); that run therefore stays at the session's ``-O0``."""
+    over 20 GB to optimise the CSGLD mixture's vectorised loop (Gaussian gradient noise drawn in the potential;
+    ``tests/numpyro/test_csgld.py``'s short run of it stays at the session's ``-O0``)."""
     previous = jax.config.values["jax_disable_most_optimizations"]
     jax.config.update("jax_disable_most_optimizations", False)
     try:

@@ -128,6 +128,7 @@ def start_of(backend, kernel, start):
     if backend is np_backend:
         state = kernel.init(jax.random.PRNGKey(0), 0, {"x": jnp.array(start)})
         return np.asarray(state.z["x"]), float(state.step_size)
+    pyro.set_rng_seed(0)  # the step after the start draws noise: the same draws whatever ran before in the process
     kernel.initial_params = {"x": torch.tensor(start)}
     kernel.setup(0)
     kernel.sample(kernel.initial_params)

@@ -27,6 +27,7 @@ from ppl_sgmcmc.numpyro.handlers import full_data
 from ppl_sgmcmc.numpyro.potential import (
     ModelTarget,
     PotentialTarget,
+    ProgramCache,
     as_jax_arrays,
     model_errors,
     ravel_into,
@@ -190,6 +191,26 @@ def _refresh_noise(key_noise, like):
 _TRACING = threading.RLock()
 
 _VERDICT_NOTED = False  # whether this process was told that `numpyro.infer.MCMC` runs get no verdict
+
+
+def _start_keys(rng_key):
+    """A chain's start splits its key into: the minibatch sampler's, the rule's first noise, the first minibatch's,
+    the chain's own, and the mode search's, the Hessian's and the noise probe's."""
+    key_batch, key_noise, key_draw, rng_key = random.split(rng_key, 4)
+    key_mode, key_hessian, key_probe = random.split(random.fold_in(key_draw, 1), 3)
+    return key_batch, key_noise, key_draw, rng_key, key_mode, key_hessian, key_probe
+
+
+def _jitted_gradient(target, unravel, merge):
+    """``(flat, batch, data) -> target.gradient(flat, unravel, batch, *merge(data))``, jitted. JAX traces a jitted
+    function once per argument shapes and reuses its jaxpr, also inside other traces, so the model is traced once
+    for all the places that take a minibatch gradient (the stages of the start, the step); XLA inlines the call, so
+    a compiled program computes what it would without it."""
+    return jax.jit(lambda flat, batch, data: target.gradient(flat, unravel, batch, *merge(data)))
+
+
+# the compiled start stages of the last models started (`SGMCMCKernel._start_stage`)
+_START_STAGES = ProgramCache(size=16)
 
 
 def _note_no_verdict(kernel):
@@ -476,6 +497,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             init_params = self._checked_init_params(init_params, vectorized)
         start = jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params
         flat, self._unravel = ravel_pytree(start)
+        self._gradient_fns = {}  # the jitted minibatch gradients of this start (`_gradient`)
         if flat.shape[0] == 0:  # a model without latents is refused with its target
             raise ValueError(f"{name}: `init_params` holds no values; give the latent values `{{name: array}}` the "
                              "potential_fn takes.")
@@ -500,12 +522,13 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         data, merge = split_arrays((model_args, model_kwargs))
         self._static_leaves = merge.static_paths
 
-        def init_one(params, key, data):
-            return self._init_state(params, key, *merge(data))
+        def init_one(params, found, key, data):
+            return self._init_state(params, found, key, *merge(data))
 
-        init_one = vmap(init_one, in_axes=(0, 0, None)) if vectorized else init_one
+        init_one = vmap(init_one, in_axes=(0, 0, 0, None)) if vectorized else init_one
         with model_errors(name, "computing the first stochastic gradient"):
-            state = jax.jit(init_one)(init_params, rng_key, data)
+            found = self._start_stages(start, init_params, rng_key, data, merge, vectorized)
+            state = jax.jit(init_one)(init_params, found, rng_key, data)
         self._vectorized = vectorized
         self._accelerated = _accelerator_step((model_args, model_kwargs, init_params))
         self._sample_fn = vmap(self._sample_one, in_axes=(0, None, None)) if vectorized else self._sample_one
@@ -729,7 +752,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_sample_fn"], state["_final_checks"] = None, {}
+        state["_sample_fn"], state["_final_checks"], state["_gradient_fns"] = None, {}, {}
         return state
 
     @staticmethod
@@ -746,36 +769,91 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         return jax.jacfwd(fn)
 
     # --- the chain ---------------------------------------------------------------------------
-    def _init_state(self, init_params, rng_key, model_args, model_kwargs):
-        key_batch, key_noise, key_draw, rng_key = random.split(rng_key, 4)
-        key_mode, key_hessian, key_probe = random.split(random.fold_in(key_draw, 1), 3)
+    def _start_stages(self, start, init_params, rng_key, data, merge, vectorized):
+        """The chain's start before its state: the approximate mode (``find_mode`` steps of Adam, then Newton steps
+        with an exact Hessian), the curvature there (the exact Hessian, or its diagonal and the largest curvature it
+        leaves) and the noise probe's minibatch gradients, as ``(flat, curvature, largest, probe)`` (``None`` for
+        what the kernel does not use; a leading chain axis for vectorised chains).
+
+        These stages depend on the model, its arguments and a few options, not on the kernel's rule: each runs as its
+        own compiled program, kept for the next kernel of the same model (see :data:`_START_STAGES`), so that
+        kernels compared on one model trace and compile their mode search, Hessian and probe once."""
+        target = self._target
+        dim = sum(jnp.size(x) for x in jax.tree.leaves(start))
+        steps = self._find_mode_steps
+        curvature = None
+        if self._adapt_mass:
+            curvature = "exact" if self._exact_hessian(dim, adaptation.EXACT_HESSIAN_MAX) else "diagonal"
+        probe_rows = 0
+        if self._tune:
+            n = max((n for _, n in getattr(target, "plate_sizes", {}).values()), default=1)
+            probe_rows = self._probe_batches(dim) * n
+        flat = vmap(lambda p: ravel_pytree(p)[0])(init_params) if vectorized else ravel_pytree(init_params)[0]
+        found = (flat, None, None)
+        if steps or curvature:
+
+            def curvature_stage(flat, key, data, gradient):
+                key_batch, *_, key_mode, key_hessian, _ = _start_keys(key)
+                if steps:
+                    flat = warmup.find_mode(gradient, target.draw, target.init_batch(key_batch), flat, key_mode, steps)
+                if curvature == "exact":
+                    batches = target.epoch(key_hessian, adaptation.hessian_rows(target.data_size, dim))
+                    hessian, mean_gradient = warmup.hessian(gradient, batches, flat)
+                    if steps:  # and Newton steps from the optimiser's end
+                        flat = warmup.newton(gradient, batches, flat, hessian, mean_gradient)
+                    return flat, hessian, None
+                if curvature == "diagonal":  # many coordinates: the Hessian's diagonal, and the curvature it leaves
+                    batches = target.epoch(key_hessian, adaptation.hessian_rows(target.data_size, 1))
+                    key_diagonal, key_power = random.split(key_hessian)
+                    diagonal = warmup.hessian_diagonal(gradient, batches, flat, key_diagonal)[0]
+                    scale = adaptation.from_hessian(diagonal, False)[0].scale
+                    return flat, diagonal, warmup.largest_curvature(gradient, batches, flat, scale, key_power)
+                return flat, None, None
+
+            stage = self._start_stage(("curvature", steps, curvature, dim), curvature_stage, start, merge, vectorized)
+            found = stage(flat, rng_key, data)
+        probe = None
+        if probe_rows:
+
+            def probe_stage(flat, key, data, gradient):
+                return warmup.probe(gradient, target.epoch(_start_keys(key)[-1], probe_rows), flat)
+
+            stage = self._start_stage(("probe", probe_rows), probe_stage, start, merge, vectorized)
+            probe = stage(found[0], rng_key, data)
+        return (*found, probe)
+
+    def _start_stage(self, options, stage, start, merge, vectorized):
+        """``stage(flat, key, data, gradient)`` compiled as ``(flat, key, data) -> ...`` (over a chain axis if
+        ``vectorized``), from :data:`_START_STAGES` where a kernel of the same model, plates, latent shapes, static
+        arguments and ``options`` compiled it (``gradient`` is the target's, :func:`_jitted_gradient`)."""
+        target, unravel = self._target, self._unravel
+
+        def run(flat, key, data):
+            jitted = _jitted_gradient(target, unravel, merge)
+            return stage(flat, key, data, lambda x, batch: jitted(x, batch, data))
+
+        model_key = target._search_key() if isinstance(target, ModelTarget) and self._stream_block is None else None
+        shapes = tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(start))
+        key = model_key and (
+            options, model_key, target.constrained, target.per_example_scores, jax.tree.structure(start), shapes,
+            merge.treedef, tuple(merge.static), vectorized,
+        )  # fmt: skip
+        return _START_STAGES.get(key, lambda: jax.jit(vmap(run, in_axes=(0, 0, None)) if vectorized else run))
+
+    def _init_state(self, init_params, found, rng_key, model_args, model_kwargs):
+        key_batch, key_noise, key_draw, rng_key, *_ = _start_keys(rng_key)
         target = self._target
 
         def gradient(x, batch):
-            return target.gradient(x, self._unravel, batch, model_args, model_kwargs)
+            return self._gradient(x, batch, model_args, model_kwargs)
 
-        flat, _ = ravel_pytree(init_params)
-        batch_state = target.init_batch(key_batch)
+        flat, curvature, largest, probe = found
         if self._find_mode_steps:
-            flat = warmup.find_mode(gradient, target.draw, batch_state, flat, key_mode, self._find_mode_steps)
             init_params = self._unravel(flat)
-        laplace = probe = None
-        if self._adapt_mass and self._exact_hessian(flat.shape[0], adaptation.EXACT_HESSIAN_MAX):
-            batches = target.epoch(key_hessian, adaptation.hessian_rows(target.data_size, flat.shape[0]))
-            hessian, mean_gradient = warmup.hessian(gradient, batches, flat)
-            laplace = self._laplace(hessian)
-            if self._find_mode_steps:  # and Newton steps from the optimiser's end
-                flat = warmup.newton(gradient, batches, flat, hessian, mean_gradient)
-                init_params = self._unravel(flat)
-        elif self._adapt_mass:  # many coordinates: the Hessian's diagonal, and the curvature it leaves
-            batches = target.epoch(key_hessian, adaptation.hessian_rows(target.data_size, 1))
-            key_diagonal, key_power = random.split(key_hessian)
-            pre, _ = self._laplace(warmup.hessian_diagonal(gradient, batches, flat, key_diagonal)[0])
-            laplace = pre, warmup.largest_curvature(gradient, batches, flat, pre.scale, key_power)
-        if self._tune:
-            n = max((n for _, n in getattr(target, "plate_sizes", {}).values()), default=1)
-            rows = self._probe_batches(flat.shape[0]) * n
-            probe = warmup.probe(gradient, target.epoch(key_probe, rows), flat)
+        laplace = None
+        if curvature is not None:
+            laplace = self._laplace(curvature) if largest is None else (self._laplace(curvature)[0], largest)
+        batch_state = target.init_batch(key_batch)
         batch, batch_state = target.draw(key_draw, batch_state)
         first = gradient(flat, batch)
         if self._stream_block is not None:
@@ -817,6 +895,20 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         ratio = noise.ratio(state.noise, state.step_size, self.temperature_at(state.i - 1))
         return state._replace(noise_ratio=ratio)
 
+    def _gradient(self, flat, batch, model_args, model_kwargs):
+        """The target's minibatch gradient (a ``StochasticGradient``) at ``flat`` on ``batch``, through one jitted
+        function per start and static model arguments (:func:`_jitted_gradient`: the model traced once for the
+        chain's first gradient and its step); an unhashable static argument gets it traced in place."""
+        data, merge = split_arrays((model_args, model_kwargs))
+        key = (merge.treedef, tuple(merge.static))
+        try:
+            fn = self._gradient_fns.get(key)
+        except TypeError:  # an unhashable static argument
+            return self._target.gradient(flat, self._unravel, batch, model_args, model_kwargs)
+        if fn is None:
+            fn = self._gradient_fns[key] = _jitted_gradient(self._target, self._unravel, merge)
+        return fn(flat, batch, data)
+
     def _full_gradient_fn(self, model_args, model_kwargs):
         """``x -> StochasticGradient`` of the full-data potential, for an estimator that needs it (else ``None``)."""
         if not self._estimator.needs_full_gradient:
@@ -847,7 +939,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         grad_fn, gradient_state = self._estimator.estimate(
             gradient_state,
             flat,
-            lambda x: self._target.gradient(x, self._unravel, batch, model_args, model_kwargs),
+            lambda x: self._gradient(x, batch, model_args, model_kwargs),
             state.i,
         )
         noise_draw = random.normal(prng.unrolled(key_noise), self.noise_shape(flat.shape[0]), flat.dtype)

@@ -143,7 +143,7 @@ class CSGLD(algorithms.CSGLD, SGMCMCKernel):
         ...     return -jnp.logaddexp(jnp.log(0.4) - (x + 6) ** 2 / 2, jnp.log(0.6) - (x - 4) ** 2 / 2)
         >>> kernel = CSGLD(potential_fn=energy, step_size=0.1, num_partitions=50, energy_gap=1.0,
         ...                steps_per_sample=10)
-        >>> mcmc = MCMC(kernel, num_warmup=500, num_samples=5000, num_chains=4, chain_method="vectorized",
+        >>> mcmc = MCMC(kernel, num_warmup=500, num_samples=2000, num_chains=4, chain_method="vectorized",
         ...             progress_bar=False)
         >>> mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.full(4, 4.0)})
         >>> import arviz as az

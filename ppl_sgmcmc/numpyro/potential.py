@@ -133,10 +133,52 @@ def split_arrays(tree):
     return arrays, _Merge(treedef, static, static_paths)
 
 
-# the compiled initial-value searches of the last models initialised (ModelTarget._initialize): another kernel or
-# another run of the same model reuses its program instead of compiling it again
-_SEARCHES: OrderedDict[Any, Callable[..., Any]] = OrderedDict()
-_MAX_SEARCHES = 16
+class ProgramCache:
+    """The compiled programs of the last ``size`` keys used: what the next kernel or run of the same model, arguments
+    and options loads instead of tracing and compiling it again.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.numpyro.potential import ProgramCache
+        >>> cache = ProgramCache(size=1)
+        >>> cache.get("a", lambda: "program a"), cache.get("a", lambda: "again"), cache.get("b", lambda: "program b")
+        ('program a', 'program a', 'program b')
+        >>> cache.get("a", lambda: "new a"), cache.get(None, lambda: "not kept"), cache.get(["unhashable"], lambda: "x")
+        ('new a', 'not kept', 'x')
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._programs: OrderedDict[Any, Any] = OrderedDict()
+
+    def get(self, key: Any, compile: Callable[[], Any]) -> Any:
+        """The program kept under ``key``, else ``compile()``, kept under it (``key=None`` or an unhashable key:
+        not kept)."""
+        if key is None:
+            return compile()
+        try:
+            program = self._programs.pop(key) if key in self._programs else compile()
+        except TypeError:  # an unhashable static argument in the key
+            return compile()
+        self._programs[key] = program
+        while len(self._programs) > self.size:
+            self._programs.popitem(last=False)
+        return program
+
+    def clear(self) -> None:
+        """Drop every kept program."""
+        self._programs.clear()
+
+    def values(self) -> list[Any]:
+        """The kept programs, the least recently used first."""
+        return list(self._programs.values())
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+
+# the compiled initial-value searches of the last models initialised (ModelTarget._initialize)
+_SEARCHES = ProgramCache(size=16)
 
 
 def as_jax_arrays(tree: Any) -> Any:
@@ -602,15 +644,9 @@ class ModelTarget:
             return info.z, jnp.stack(finite).all()
 
         key = self._search_key()
-        try:
-            key = key and (key, init_strategy, merge.treedef, tuple(merge.static))
-            compiled = _SEARCHES.pop(key) if key in _SEARCHES else jax.jit(search)
-        except TypeError:  # an unhashable static argument: compiled for this call only
-            key, compiled = None, jax.jit(search)
-        if key is not None:  # the same model, plates and arguments: the same program (another kernel, another run)
-            _SEARCHES[key] = compiled
-            while len(_SEARCHES) > _MAX_SEARCHES:
-                _SEARCHES.popitem(last=False)
+        key = key and (key, init_strategy, merge.treedef, tuple(merge.static))
+        # the same model, plates and arguments: the same program (another kernel, another run)
+        compiled = _SEARCHES.get(key, lambda: jax.jit(search))
         z, valid = compiled(rng_key, data)
         if not isinstance(valid, jax.core.Tracer) and not bool(valid):
             model = minibatch_model(rng_key, model_args, model_kwargs)

@@ -1,7 +1,9 @@
 """A chain's start on the NumPyro backend: the approximate mode, the Hessian there and the noise probe.
 
 The warm-up's backend-neutral part is :mod:`ppl_sgmcmc.adaptation`; this module computes what it needs
-from a target (:mod:`~ppl_sgmcmc.numpyro.potential`), inside the kernel's compiled ``init``:
+from a target (:mod:`~ppl_sgmcmc.numpyro.potential`), in the start's compiled stages (the kernel's
+``_start_stages``: one program for the mode and the curvature there, one for the noise probe, each kept for the
+next kernel started on the same model, arguments and options):
 
 * :func:`find_mode`: Adam (``optax``) with a cosine-decaying learning rate on the same minibatch
   potential the chain samples, from the init strategy's point; a step whose gradient is not finite

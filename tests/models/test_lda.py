@@ -1,9 +1,9 @@
 """Semi-collapsed LDA (``models/lda.py``, with ``models/lda_common.py``, ``models/lda_evaluation.py`` and
 ``models/run_lda.py``): the collapsed prior of the topic assignments, the
 collapsed-Gibbs conditional against brute-force enumeration, the Fisher-identity gradient against the
-exact gradient of the collapsed marginal, topic recovery on a synthetic corpus, the perplexity
-functions on hand-computable cases. (The Reuters end-to-end run, a quality bar, is
-``benchmarks/quality_checks.py --only reuters``.)
+exact gradient of the collapsed marginal, the perplexity functions on hand-computable cases. (The
+quality bars, topic recovery on a synthetic corpus and the Reuters end-to-end run, are
+``benchmarks/quality_checks.py --only lda-topics-numpyro`` and ``--only reuters``.)
 
 Statistical tolerances are Monte Carlo errors: ``K_SIGMA = 4.5`` standard errors of the estimate.
 """
@@ -14,10 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.optimize
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import logsumexp
-from numpyro.infer import MCMC
 
 from models import lda, lda_common, lda_evaluation, run_lda
 from tests.helpers import K_SIGMA
@@ -122,13 +120,13 @@ TOPICS = np.array([[0.5, 0.2, 0.2, 0.1], [0.1, 0.1, 0.3, 0.5], [0.25, 0.4, 0.05,
 DOC = np.array([0, 3, 1])
 
 
-def joint_log_prob(z, words=DOC, topics=TOPICS):
-    return polya_log_prob(z, NUM_TOPICS, ALPHA) + sum(np.log(topics[k, w]) for k, w in zip(z, words))
+def joint_log_prob(z, words=DOC, topics=TOPICS, alpha=ALPHA):
+    return polya_log_prob(z, len(topics), alpha) + sum(np.log(topics[k, w]) for k, w in zip(z, words))
 
 
-def conditional(i, z, words=DOC):
+def conditional(i, z, words=DOC, topics=TOPICS, alpha=ALPHA):
     """``p(z_i = k | z_-i, w)`` by enumerating ``k`` in the joint (no formula)."""
-    logits = np.array([joint_log_prob(np.r_[z[:i], k, z[i + 1 :]], words) for k in range(NUM_TOPICS)])
+    logits = np.array([joint_log_prob(np.r_[z[:i], k, z[i + 1 :]], words, topics, alpha) for k in range(len(topics))])
     p = np.exp(logits - logits.max())
     return p / p.sum()
 
@@ -149,14 +147,14 @@ def run_sweeps(z0, num_sweeps, num_chains=20000):
     return run(jax.random.PRNGKey(3), z)
 
 
-def one_sweep_distribution(z0):
-    """From the state ``z0``, one sweep's distribution over the 27 states:
+def one_sweep_distribution(z0, words=DOC, topics=TOPICS, alpha=ALPHA):
+    """From the state ``z0`` of a 3-token document, one sweep's distribution over the ``K³`` states (27 by default):
     ``p(z'_1 | z_2, z_3) p(z'_2 | z'_1, z_3) p(z'_3 | z'_1, z'_2)``, each conditional by enumeration."""
     exact = {}
-    for new in itertools.product(range(NUM_TOPICS), repeat=3):
+    for new in itertools.product(range(len(topics)), repeat=3):
         z, p = np.array(z0), 1.0
         for i in range(3):
-            p *= conditional(i, z)[new[i]]
+            p *= conditional(i, z, words, topics, alpha)[new[i]]
             z[i] = new[i]
         exact[new] = p
     return exact
@@ -235,52 +233,6 @@ def test_fisher_identity_gradient_matches_the_collapsed_marginal(kernel_name):
     mean, mcse = grads.mean(0), grads.std(0) / np.sqrt(len(grads))
     print("estimate", mean, "\nexact   ", exact, "\nmcse    ", mcse)
     assert np.all(np.abs(mean - exact) < K_SIGMA * mcse)
-
-
-# --- topic recovery ---------------------------------------------------------------------------------
-def synthetic_corpus(seed=0, num_topics=3, vocab=12, num_docs=120, alpha=ALPHA):
-    """Documents of 20-40 tokens from a known LDA: topic ``k`` puts 0.9 of its mass on words
-    ``4k..4k+3`` (unevenly) and spreads 0.1 over the rest."""
-    rng = np.random.default_rng(seed)
-    topics = np.full((num_topics, vocab), 0.1 / (vocab - 4))
-    for k in range(num_topics):
-        topics[k, 4 * k : 4 * k + 4] = 0.9 * np.array([0.4, 0.3, 0.2, 0.1])
-    docs = []
-    for _ in range(num_docs):
-        proportions = rng.dirichlet(np.full(num_topics, alpha))
-        z = rng.choice(num_topics, size=rng.integers(20, 41), p=proportions)
-        docs.append(np.array([rng.choice(vocab, p=topics[k]) for k in z]))
-    return topics, docs
-
-
-def matched_tv(estimate, truth):
-    """Total-variation distances between estimated and true topics, matched by the Hungarian algorithm."""
-    tv = 0.5 * np.abs(estimate[:, None, :] - truth[None, :, :]).sum(-1)
-    rows, cols = scipy.optimize.linear_sum_assignment(tv)
-    return tv[rows, cols]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kernel_name, step_size", [("mSGNHT-S", 5e-3), ("SGRLD", 2e-2)])
-def test_recovers_known_topics(kernel_name, step_size):
-    """On 120 documents (~3600 tokens) from a known 3-topic LDA, the posterior-mean topics are within
-    total-variation distance 0.1 of the true ones after Hungarian matching (unmatched topics are ~0.9
-    apart; the posterior's own spread around the truth at this corpus size is ~0.03-0.05)."""
-    truth, docs = synthetic_corpus()
-    words, mask = lda_common.pad_documents(docs)
-    kernel, parametrisation = run_lda.make_kernel(
-        kernel_name, step_size, words, mask, alpha=ALPHA, gibbs_sweeps=(4, 4), steps_per_sample=20
-    )
-    mcmc = MCMC(kernel, num_warmup=50, num_samples=50, progress_bar=False)
-    mcmc.run(
-        jax.random.PRNGKey(0), words, mask, vocab_size=12, num_topics=3, alpha=ALPHA,
-        parametrisation=parametrisation, beta=0.1, batch_size=10,
-    )
-    topics = np.asarray(lda.topic_word(mcmc.get_samples()["theta"], parametrisation).mean(0))
-    tv = matched_tv(topics, truth)
-    print(kernel_name, "matched TV", tv)
-    assert int(mcmc.last_state.num_diverging) == 0
-    assert tv.max() < 0.1
 
 
 # --- perplexity -------------------------------------------------------------------------------------

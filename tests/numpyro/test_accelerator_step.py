@@ -148,12 +148,12 @@ def test_the_step_after_the_warmup_has_no_branch_and_no_host_call(name, path, lo
 
 def test_vectorized_chains_step_has_no_branch_and_no_host_call(path, logistic_data):
     path("accelerator")
-    assert host_round_trips(*lowered_step(backend.SGNHT(logistic_model), logistic_data, num_chains=4)) == []
+    assert host_round_trips(*lowered_step(KERNELS["SGNHT"](), logistic_data, num_chains=4)) == []
 
 
 def test_the_check_finds_the_cpu_steps_branches(path, logistic_data):
     path("cpu")
-    found = host_round_trips(*lowered_step(backend.SGNHT(logistic_model), logistic_data))
+    found = host_round_trips(*lowered_step(KERNELS["SGNHT"](), logistic_data))
     assert "stablehlo.case" in found and "conditional" in found
 
 

@@ -13,6 +13,7 @@ from numpyro.infer import MCMC
 
 from ppl_sgmcmc import health
 from ppl_sgmcmc.numpyro import PSGLD, SGHMC, SGLD, SGNHT
+from ppl_sgmcmc.numpyro import kernel as kernel_module
 from ppl_sgmcmc.numpyro import mcmc as ppl_mcmc
 from tests.numpyro.conftest import logistic_model
 
@@ -348,3 +349,30 @@ def test_another_kernel_of_the_same_model_reuses_the_initial_value_search():
     assert list(potential._SEARCHES.values()) == [first]
     SGLD(_half_valid_model, step_size=1e-3).init(jax.random.PRNGKey(0), 0, None, (jnp.ones(50),))  # another plate
     assert len(potential._SEARCHES) == 2 and first in potential._SEARCHES.values()
+
+
+def _regression(x, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=10):
+        numpyro.sample("y", dist.Normal(numpyro.subsample(x, event_dim=1) @ w, 1.0), obs=numpyro.subsample(y, 0))
+
+
+def test_another_kernel_of_the_same_model_reuses_the_start_stages():
+    """A hands-off kernel's start (mode search with the Hessian and Newton steps, then the noise probe) is compiled
+    as two programs kept for the next kernel of the same model, arguments and options (`kernel._START_STAGES`), which
+    starts from them exactly where it would have compiled its own; other shapes compile their own."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(100, 2)), jnp.float32)
+    y = x @ jnp.array([1.0, -0.5])
+    kernel_module._START_STAGES.clear()
+    first = SGLD(_regression).init(jax.random.PRNGKey(0), 200, None, (x, y))
+    stages = kernel_module._START_STAGES.values()
+    assert len(stages) == 2  # the mode and curvature; the probe
+    kept = SGHMC(_regression).init(jax.random.PRNGKey(0), 200, None, (x, y))
+    assert kernel_module._START_STAGES.values() == stages
+    kernel_module._START_STAGES.clear()
+    own = SGHMC(_regression).init(jax.random.PRNGKey(0), 200, None, (x, y))
+    for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves(own), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(kept.z["w"], first.z["w"])  # both start at the mode of the same search
+    SGLD(_regression).init(jax.random.PRNGKey(0), 200, None, (x[:50], y[:50]))  # another plate size
+    assert len(kernel_module._START_STAGES) == 4

@@ -28,58 +28,55 @@ N, BATCH = 40, 7
 KEYS = [("gradient", False), ("gradient", True), ("gradient", "per_example")]
 
 
-def two_site_model(X, y, c):
-    """The model that exposed the bug (``test_new_kernels``): a StudentT site with a HalfNormal scale and a
-    Bernoulli site with an event dimension, both in the subsampled plate."""
-    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-    sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
-    with pyro.plate("data", X.shape[0], subsample_size=BATCH):
-        x = pyro.subsample(X, event_dim=1)
-        pyro.sample("y", dist.StudentT(4.0, x @ w, sigma), obs=pyro.subsample(y, event_dim=0))
-        logits = x[:, :2] * w[0]
-        pyro.sample("c", dist.Bernoulli(logits=logits).to_event(1), obs=pyro.subsample(c, event_dim=1))
+def many_sites(X, y, c):
+    """Every distribution, transform and broadcast the per-datum graph is checked on, in one model (one Inductor
+    compile, seconds, instead of one per group of sites):
 
+    - the model that exposed the bug (``test_new_kernels``): a StudentT site with a HalfNormal scale and a Bernoulli
+      site with an event dimension, both in the subsampled plate;
+    - Gamma, LogNormal and Beta latents; a vector scale broadcast against the ``(n, d)`` data in an observed site
+      with an event dimension; a Gamma-distributed observation;
+    - a Dirichlet latent (stick-breaking), a matrix latent, a multivariate observation with a LogNormal scale and a
+      Categorical observation, both with event/batch shapes broadcast inside the plate.
 
-def regression(X, y, c):
-    """The SGFS trajectory model of ``test_new_kernels``: Normal likelihood, HalfNormal scale."""
-    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-    sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
-    with pyro.plate("data", X.shape[0], subsample_size=BATCH):
-        x = pyro.subsample(X, event_dim=1)
-        pyro.sample("y", dist.Normal(x @ w, sigma), obs=pyro.subsample(y, event_dim=0))
-
-
-def positive_latents(X, y, c):
-    """Gamma, LogNormal and Beta latents; a vector scale broadcast against the ``(n, d)`` data in an
-    observed site with an event dimension; a Gamma-distributed observation."""
+    Each latent has its own columns in the per-datum scores, which the test checks one by one (none lost)."""
     d = X.shape[1]
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
     scale = pyro.sample("scale", dist.Gamma(2.0, 2.0).expand([d]).to_event(1))
     tau = pyro.sample("tau", dist.LogNormal(0.0, 1.0))
     rho = pyro.sample("rho", dist.Beta(2.0, 2.0))
     loc = pyro.sample("loc", dist.Normal(0.0, 1.0))
-    with pyro.plate("data", X.shape[0], subsample_size=BATCH):
-        x = pyro.subsample(X, event_dim=1)
-        pyro.sample("x", dist.Normal(loc * rho, scale).to_event(1), obs=x)
-        rate = tau * (1.0 + pyro.subsample(y, event_dim=0) ** 2)
-        pyro.sample("g", dist.Gamma(1.0 + rho, rate), obs=1.0 + pyro.subsample(c, event_dim=1).sum(-1))
-
-
-def simplex_and_matrix(X, y, c):
-    """A Dirichlet latent (stick-breaking), a matrix latent, a multivariate observation with a LogNormal
-    scale and a Categorical observation, both with event/batch shapes broadcast inside the plate."""
     probs = pyro.sample("probs", dist.Dirichlet(torch.ones(3)))
-    W = pyro.sample("W", dist.Normal(0.0, 1.0).expand([X.shape[1], 2]).to_event(2))
+    W = pyro.sample("W", dist.Normal(0.0, 1.0).expand([d, 2]).to_event(2))
     noise = pyro.sample("noise", dist.LogNormal(-1.0, 0.5))
     with pyro.plate("data", X.shape[0], subsample_size=BATCH):
-        x = pyro.subsample(X, event_dim=1)
-        mean = x @ W
-        pyro.sample("c", dist.Normal(mean, noise).to_event(1), obs=pyro.subsample(c, event_dim=1))
-        label = (pyro.subsample(y, event_dim=0) > 0).long() + (pyro.subsample(y, event_dim=0) > 1).long()
-        pyro.sample("k", dist.Categorical(probs), obs=label)
+        x, yb, cb = pyro.subsample(X, event_dim=1), pyro.subsample(y, event_dim=0), pyro.subsample(c, event_dim=1)
+        pyro.sample("y", dist.StudentT(4.0, x @ w, sigma), obs=yb)
+        pyro.sample("c", dist.Bernoulli(logits=x[:, :2] * w[0]).to_event(1), obs=cb)
+        pyro.sample("x", dist.Normal(loc * rho, scale).to_event(1), obs=x)
+        pyro.sample("g", dist.Gamma(1.0 + rho, tau * (1.0 + yb**2)), obs=1.0 + cb.sum(-1))
+        pyro.sample("c_normal", dist.Normal(x @ W, noise).to_event(1), obs=cb)
+        pyro.sample("k", dist.Categorical(probs), obs=(yb > 0).long() + (yb > 1).long())
 
 
-MODELS = {m.__name__: m for m in (two_site_model, regression, positive_latents, simplex_and_matrix)}
-# the tests that compile `regression`'s (`plain`'s) graphs, on one worker: each graph is compiled once there (the
+def _regression(prior_scale):
+    def model(X, y, c):
+        w = pyro.sample("w", dist.Normal(0.0, prior_scale).expand([X.shape[1]]).to_event(1))
+        sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
+        with pyro.plate("data", X.shape[0], subsample_size=BATCH):
+            x, yb = pyro.subsample(X, event_dim=1), pyro.subsample(y, event_dim=0)
+            pyro.sample("y", dist.Normal(x @ w, sigma), obs=yb)
+
+    return model
+
+
+plain = _regression(1.0)  # no control flow: traced and compiled; the kernels' steps below run on it
+plain_wide_prior = _regression(3.0)  # the same operations on other constants
+
+
+MODELS = {"many_sites": many_sites, "plain": plain}
+# the tests that compile `plain`'s graphs, on one worker: each graph is compiled once there (the
 # module's memo of compiled graphs), not once per test
 on_plain = pytest.mark.xdist_group("pyro_compile_plain")
 
@@ -129,11 +126,12 @@ def fresh_memo(monkeypatch):
 # constrained latents' columns were lost. So every model's distributions, transforms, event dimensions and
 # broadcasting are compiled in its per-datum graph. The graphs of ``with_score=False`` (one backward of the sum)
 # and ``True`` (no batched backward) differ from it in how the outputs are assembled, the same for every model:
-# each is compiled once, on ``regression``. One Inductor compile per graph, seconds each.
-GRAPH_CASES = [(name, KEYS[2]) for name in MODELS] + [("regression", key) for key in KEYS[:2]]
+# each is compiled once, on ``plain``, whose three graphs are also those of the kernels' steps below (SGLD, PSGLD, SGFS:
+# compiled once in the process, the module's memo). One Inductor compile per graph, seconds each.
+GRAPH_CASES = [(name, KEYS[2]) for name in MODELS] + [("plain", key) for key in KEYS[:2]]
 
 
-@on_plain  # `regression` is `plain`: its graphs are those of the kernels' steps below, compiled once on a worker
+@on_plain  # `plain`'s graphs are those of the kernels' steps below, compiled once on a worker
 @pytest.mark.parametrize("name, key", GRAPH_CASES, ids=lambda case: str(case[1]) if isinstance(case, tuple) else case)
 def test_compiled_graph_matches_traced_and_eager(name, key, data):
     """The kernel's :meth:`gradient` traces the model and compiles the whole graph with Inductor (no eager fallback,
@@ -246,21 +244,6 @@ def _globals(X):
     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
     sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
     return w, sigma
-
-
-def _regression(prior_scale):
-    def model(X, y, c):
-        w = pyro.sample("w", dist.Normal(0.0, prior_scale).expand([X.shape[1]]).to_event(1))
-        sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
-        with pyro.plate("data", X.shape[0], subsample_size=BATCH):
-            x, yb = pyro.subsample(X, event_dim=1), pyro.subsample(y, event_dim=0)
-            pyro.sample("y", dist.Normal(x @ w, sigma), obs=yb)
-
-    return model
-
-
-plain = _regression(1.0)  # no control flow: traced and compiled
-plain_wide_prior = _regression(3.0)  # the same operations on other constants
 
 
 def branch_on_minibatch_data(X, y, c):

@@ -18,6 +18,11 @@ def run(kernel, *args, **kwargs):
     MCMC(kernel, warmup_steps=2, num_samples=2, disable_progbar=True).run(*args, **kwargs)
 
 
+# runs whose checks are not about compilation run the model eagerly: the compiled gradient and step (checked against
+# the eager ones in ``test_compile.py``) would cost seconds of Inductor compiling a run, more than the eager steps
+EAGER = dict(compile_potential=False)
+
+
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "1e-3", True])
 def test_step_size_must_be_positive_finite(bad):
     with pytest.raises(ValueError, match=r"SGLD: `step_size` must be a finite positive number"):
@@ -106,7 +111,7 @@ def test_shape_mismatch_of_indexed_data_is_caught_before_sampling(logistic_data)
 def test_numpy_model_arguments_are_converted(logistic_data):
     """NumPy arrays (float64 too) become tensors of torch's default dtype, as JAX arrays in the NumPyro backend."""
     X, y = (np.asarray(a, dtype=np.float64) for a in logistic_data)
-    mcmc = MCMC(SGLD(logistic_model, step_size=1e-3), warmup_steps=2, num_samples=3, disable_progbar=True)
+    mcmc = MCMC(SGLD(logistic_model, step_size=1e-3, **EAGER), warmup_steps=2, num_samples=3, disable_progbar=True)
     mcmc.run(X, y)
     assert mcmc.get_samples()["w"].dtype == torch.float32
 
@@ -117,7 +122,7 @@ def test_model_without_subsampled_plate_warns_once(logistic_data):
         with pyro.plate("data", X.shape[0]):
             pyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
 
-    kernel = SGLD(model, step_size=1e-3)
+    kernel = SGLD(model, step_size=1e-3, **EAGER)
     with pytest.warns(UserWarning, match="no plate with `subsample_size`") as record:
         run(kernel, *logistic_data)
         run(kernel, *logistic_data)  # a second run of the same kernel does not repeat it
@@ -483,7 +488,7 @@ def test_improper_uniform_prior_runs(initial_params):
             pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
 
     kwargs = {} if initial_params is None else dict(initial_params=initial_params)
-    mu = _run(SGLD(model, step_size=1e-3), _Y, warmup_steps=300, num_samples=300, **kwargs).get_samples()["mu"]
+    mu = _run(SGLD(model, step_size=1e-3, **EAGER), _Y, warmup_steps=300, num_samples=300, **kwargs).get_samples()["mu"]
     assert abs(float(mu.mean()) - 1.0) < 0.3
 
 
@@ -511,7 +516,7 @@ def test_num_samples_zero_is_refused_before_the_warm_up():
 
 def test_resuming_another_algorithms_chain_is_refused():
     """An SGLD chain continued by SGNHT failed with 'not enough values to unpack'."""
-    first = SGLD(_mean, step_size=1e-3)
+    first = SGLD(_mean, step_size=1e-3, **EAGER)
     _run(first, _Y)
     second = SGNHT(_mean, step_size=1e-3)
     second.resume_from = first.last_state

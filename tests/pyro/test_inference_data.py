@@ -68,8 +68,9 @@ def test_to_inference_data_chunks_and_drops_deterministic_sites(mcmc, logistic_d
 
 def test_divergences_reach_sample_stats(logistic_data):
     pyro.set_rng_seed(0)
-    mcmc = MCMC(SGNHT(logistic_model, step_size=50.0, integrator="euler"), warmup_steps=0, num_samples=20,
-                disable_progbar=True)  # fmt: skip
+    # the eager potential (no compiled graph, seconds): what is checked is the conversion of the run's divergences
+    mcmc = MCMC(SGNHT(logistic_model, step_size=50.0, integrator="euler", compile_potential=False), warmup_steps=0,
+                num_samples=20, disable_progbar=True)  # fmt: skip
     mcmc.run(*logistic_data)
     idata = to_inference_data(mcmc, log_likelihood=False)
     diverging = idata.sample_stats["diverging"].values[0]
@@ -146,7 +147,9 @@ def matmul_model(X, y=None):
 
 def test_log_likelihood_of_a_model_that_does_not_broadcast(logistic_data):
     X, y = logistic_data
-    mcmc = MCMC(SGNHT(matmul_model, step_size=1e-2), warmup_steps=20, num_samples=30, disable_progbar=True)
+    # the eager potential (no compiled graph of this model, seconds): what is checked is the conversion
+    mcmc = MCMC(SGNHT(matmul_model, step_size=1e-2, compile_potential=False), warmup_steps=20, num_samples=30,
+                disable_progbar=True)  # fmt: skip
     mcmc.run(X, y)
     with pytest.warns(UserWarning, match="Could not get vectorized trace"):
         assert "log_likelihood" not in az.from_pyro(mcmc).groups()  # ArviZ's own converter drops it
@@ -179,8 +182,9 @@ def test_local_gibbs_sites_leave_the_log_likelihood_out():
         return {"z": torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]}
 
     x = torch.as_tensor(np.random.default_rng(1).normal(size=40), dtype=torch.float32)
-    mcmc = MCMC(SGLD(mixture, step_size=1e-3, gibbs_sites=["z"], gibbs_fn=gibbs_fn), warmup_steps=2, num_samples=5,
-                disable_progbar=True)  # fmt: skip
+    # the eager potential (no compiled graph of this model, seconds): what is checked is the conversion
+    mcmc = MCMC(SGLD(mixture, step_size=1e-3, gibbs_sites=["z"], gibbs_fn=gibbs_fn, compile_potential=False),
+                warmup_steps=2, num_samples=5, disable_progbar=True)  # fmt: skip
     mcmc.run(x)
     with pytest.warns(UserWarning, match=r"local Gibbs site\(s\) \['z'\].*marginalised"):
         idata = to_inference_data(mcmc)
@@ -263,7 +267,9 @@ def test_pointwise_log_likelihood_respects_poutine_mask_as_numpyro_does():
             numpyro.sample("y", ndist.Normal(mu, 1.0), obs=y)
 
     pyro.set_rng_seed(0)
-    mcmc = MCMC(SGLD(pyro_model, step_size=1e-3), warmup_steps=20, num_samples=30, disable_progbar=True)
+    # the eager potential (no compiled graph of this model, seconds): what is checked is the conversion's mask
+    mcmc = MCMC(SGLD(pyro_model, step_size=1e-3, compile_potential=False), warmup_steps=20, num_samples=30,
+                disable_progbar=True)  # fmt: skip
     mcmc.run(torch.tensor(y, dtype=torch.float32), torch.tensor(keep))
     pointwise = to_inference_data(mcmc).log_likelihood["y"].values[0]
     mu = mcmc.get_samples()["mu"].numpy()

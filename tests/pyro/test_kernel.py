@@ -29,9 +29,29 @@ def run(kernel, data, seed=0, warmup_steps=20, num_samples=30, **kwargs):
     return mcmc
 
 
-@pytest.mark.parametrize("make_kernel", KERNELS)
-def test_samples_shapes_and_constraints(make_kernel, logistic_data):
-    mcmc = run(make_kernel(), logistic_data)
+# the tests of the shared runs `runs`: on one pytest-xdist worker (`--dist loadgroup`), which makes each run once
+on_runs = pytest.mark.xdist_group("pyro_kernel_runs")
+
+
+@pytest.fixture(scope="module")
+def runs(logistic_data):
+    """``runs(i)``: ``run(KERNELS[i](), logistic_data)`` (seed 0), made once in the module and read by every test
+    that checks a seed-0 run of that kernel (its shapes, its equality with a second run of the same seed, with the
+    eager model's run, with a thinned run), instead of one run each. The tests only read it."""
+    made = {}
+
+    def get(i):
+        if i not in made:
+            made[i] = run(KERNELS[i](), logistic_data)
+        return made[i]
+
+    return get
+
+
+@on_runs
+@pytest.mark.parametrize("i", range(len(KERNELS)), ids=["SGLD", "SGHMC", "SGNHT", "PSGLD"])
+def test_samples_shapes_and_constraints(i, runs):
+    mcmc = runs(i)
     samples = mcmc.get_samples()
     assert samples["w"].shape == (30, 2) and samples["scale"].shape == (30,)
     assert torch.all(samples["scale"] > 0)  # constrained back from unconstrained space
@@ -81,27 +101,30 @@ def test_parallel_chains_in_worker_processes(logistic_data, monkeypatch):
     assert set(mcmc.diagnostics()["divergences"]) == {"chain 0", "chain 1"}
 
 
-@pytest.mark.parametrize("make_kernel", KERNELS[::3])
-def test_same_seed_same_samples(make_kernel, logistic_data):
-    a = run(make_kernel(), logistic_data, seed=3).get_samples()["w"]
-    b = run(make_kernel(), logistic_data, seed=3).get_samples()["w"]
-    c = run(make_kernel(), logistic_data, seed=4).get_samples()["w"]
+@on_runs
+@pytest.mark.parametrize("i", [0, 3], ids=["SGLD", "PSGLD"])
+def test_same_seed_same_samples(i, runs, logistic_data):
+    a = runs(i).get_samples()["w"]
+    b = run(KERNELS[i](), logistic_data, seed=0).get_samples()["w"]
+    c = run(KERNELS[i](), logistic_data, seed=4).get_samples()["w"]
     assert torch.equal(a, b)
     assert not torch.allclose(a, c)
 
 
-def test_steps_per_sample_keeps_every_kth_step(logistic_data):
-    full = run(SGLD(logistic_model, step_size=1e-3), logistic_data, warmup_steps=20, num_samples=30)
+@on_runs
+def test_steps_per_sample_keeps_every_kth_step(runs, logistic_data):
+    full = runs(0)  # SGLD(logistic_model, step_size=1e-3), 20 + 30 steps
     thin = run(SGLD(logistic_model, step_size=1e-3, steps_per_sample=5), logistic_data, warmup_steps=4, num_samples=6)
     assert thin.kernel.state is None  # released at the end of the chain
     torch.testing.assert_close(thin.get_samples()["w"], full.get_samples()["w"][4::5])
 
 
-def test_traced_potential_matches_eager_model(logistic_data):
+@on_runs
+def test_traced_potential_matches_eager_model(runs, logistic_data):
     """The traced graph replays what the model computes: the same chain, step for step."""
-    for make_kernel in (KERNELS[0], KERNELS[3]):  # PSGLD also uses the per-datum score
-        traced = run(make_kernel(), logistic_data, seed=2).get_samples()
-        eager = run(make_kernel(compile_potential=False), logistic_data, seed=2).get_samples()
+    for i in (0, 3):  # PSGLD also uses the per-datum score
+        traced = runs(i).get_samples()
+        eager = run(KERNELS[i](compile_potential=False), logistic_data).get_samples()
         for name in traced:
             torch.testing.assert_close(traced[name], eager[name], rtol=1e-5, atol=1e-6)
 

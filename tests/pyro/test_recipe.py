@@ -1,5 +1,7 @@
 """The complete-recipe kernel on Pyro: SGLD and SGHMC (Euler) as instances, with the same generator seed the
-same draws as the dedicated kernels on a minibatched model; and a state-dependent recipe with momenta (its
+same draws as the dedicated kernels on a minibatched model (run eagerly: the compiled gradient and step, which
+``test_compile.py`` checks against the eager ones, would cost seconds of Inductor compiling, more than the 80
+eager steps); and a state-dependent recipe with momenta (its
 ``Γ`` by ``torch.func.jacfwd``) on the same trajectory as on NumPyro (``Γ`` by ``jax.jacfwd``)."""
 
 import numpy as np
@@ -27,6 +29,9 @@ def regression(X, y):
         pyro.sample("y", dist.Normal(x @ w, 2.0), obs=pyro.subsample(y, event_dim=0))
 
 
+EAGER = dict(compile_potential=False)
+
+
 def draws(kernel):
     pyro.set_rng_seed(3)
     mcmc = MCMC(kernel, warmup_steps=20, num_samples=60, initial_params={"w": torch.zeros(3)}, disable_progbar=True)
@@ -35,15 +40,15 @@ def draws(kernel):
 
 
 def test_sgld_is_an_instance():
-    sgld = draws(pyro_backend.SGLD(regression, step_size=1e-3, temperature=0.5))
-    recipe = draws(pyro_backend.Recipe(regression, step_size=1e-3, D=1.0, temperature=0.5))
+    sgld = draws(pyro_backend.SGLD(regression, step_size=1e-3, temperature=0.5, **EAGER))
+    recipe = draws(pyro_backend.Recipe(regression, step_size=1e-3, D=1.0, temperature=0.5, **EAGER))
     np.testing.assert_allclose(recipe, sgld, rtol=1e-5, atol=1e-6)
     assert np.abs(sgld[-1]).max() > 0.1
 
 
 def test_sghmc_euler_is_an_instance():
-    sghmc = draws(pyro_backend.SGHMC(regression, step_size=0.02, friction=2.0, integrator="euler"))
-    recipe = draws(pyro_backend.Recipe(regression, step_size=0.02, D=2.0, Q=SGHMC_Q, momentum=True))
+    sghmc = draws(pyro_backend.SGHMC(regression, step_size=0.02, friction=2.0, integrator="euler", **EAGER))
+    recipe = draws(pyro_backend.Recipe(regression, step_size=0.02, D=2.0, Q=SGHMC_Q, momentum=True, **EAGER))
     np.testing.assert_allclose(recipe, sghmc, rtol=1e-4, atol=1e-5)
 
 
