@@ -40,6 +40,7 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyro
 import torch
@@ -128,7 +129,8 @@ class InductorGraph:
     def __init__(self, graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> None:
         self.graph = graph
         self._signature = _signature(inputs)
-        self._run = torch._inductor.compile(graph, list(inputs))
+        with _cacheable():
+            self._run = torch._inductor.compile(graph, list(inputs))
         self._other: Callable[..., Sequence[torch.Tensor]] | None = None
 
     def __call__(self, *inputs: torch.Tensor) -> Sequence[torch.Tensor]:
@@ -139,11 +141,22 @@ class InductorGraph:
         return self._other(*inputs)
 
 
+def _cacheable() -> Any:
+    """The tracing context under which ``torch._inductor.compile`` keys a ``make_fx`` graph in Inductor's FX graph
+    cache (on disk, across processes): without a shape environment it bypasses the cache ("No shape env") and
+    lowers every graph again in every process. The key holds the graph's code and its tensor constants' values."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv())))
+
+
 def _inductor(graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> InductorGraph:
     """:class:`InductorGraph` ``(graph, inputs)``, or the one compiled before in this process for an identical
     graph (same generated code, equal constants, inputs of the same shapes and dtypes): each new
-    ``GraphModule`` would otherwise be lowered again (Inductor's cache spares only the C++ compilation),
-    about 0.3-1 s per kernel."""
+    ``GraphModule`` would otherwise be looked up in Inductor's FX graph cache again (:func:`_cacheable`; a graph
+    new to the cache is lowered, about 0.3-1 s per kernel)."""
     constants = _constants(graph)
     key = (graph.code, _signature(inputs))
     if constants is not None:

@@ -540,3 +540,45 @@ def test_inductor_graph_called_with_other_inputs_specialises_again():
         for got, expected in zip(graph(*inputs), fn(*inputs)):
             torch.testing.assert_close(got, expected)
     assert graph._other is not None  # the example's signature alone did not serve them all
+
+
+_SECOND_PROCESS = """
+import pyro, pyro.distributions as dist, torch
+from pyro.infer import MCMC
+from torch._dynamo.utils import counters
+from ppl_sgmcmc.pyro import SGLD
+
+def model(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    with pyro.plate("n", x.shape[0], subsample_size=20) as i:
+        pyro.sample("y", dist.Normal(x[i] @ w, 1.0), obs=y[i])
+
+torch.manual_seed(0)
+x = torch.randn(200, 3)
+y = x @ torch.tensor([1.0, -1.0, 0.5]) + torch.randn(200)
+pyro.set_rng_seed(0)
+mcmc = MCMC(SGLD(model, step_size=1e-3), num_samples=20, warmup_steps=0, disable_progbar=True)
+mcmc.run(x, y)
+print(sorted(k for k in counters["inductor"] if k.startswith("fxgraph")), mcmc.get_samples()["w"].sum().item())
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_loads_the_compiled_graphs(tmp_path):
+    """Inductor's FX graph cache keys the kernel's graphs (``compile._cacheable``): a second process with the same
+    cache directory loads them instead of lowering them again, and samples the same chain. Without the tracing
+    context every graph bypasses the cache ("No shape env")."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    runs = [
+        subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=300)
+        for _ in range(2)
+    ]
+    outputs = [run.stdout.strip().splitlines()[-1] for run in runs]
+    assert all(run.returncode == 0 for run in runs), [run.stderr[-2000:] for run in runs]
+    (first, first_sum), (second, second_sum) = (output.rsplit(" ", 1) for output in outputs)
+    assert first == "['fxgraph_cache_miss']" and second == "['fxgraph_cache_hit']", outputs
+    assert first_sum == second_sum
