@@ -15,7 +15,7 @@ gives about a9a's share of positive labels. The model is the main job's,
   and tunes the step size), 4 chains vectorised under ``ppl_sgmcmc.numpyro.MCMC``;
 * ``nuts``: full-data NUTS hands-off, ``NUTS(model, dense_mass=True)`` from NumPyro's default initialisation,
   4 chains one after the other;
-* ``nuts_map``: full-data NUTS helped: the mode found by L-BFGS (SciPy) on the full data, the Laplace mass
+* ``nuts_map``: full-data NUTS helped: the mode found by L-BFGS (SciPy) and Newton steps on the full data, the Laplace mass
   matrix (the inverse of the potential's Hessian there) kept fixed, only the step size adapted;
 * ``hmcecs``: NumPyro's ``HMCECS(NUTS(model, dense_mass=True), num_blocks=10, proxy=HMCECS.taylor_proxy(MAP))``
   on subsamples of :data:`ECS_SUBSAMPLE` rows (the energy-conserving subsampling of Dang, Quiroz, Kohn, Tran and
@@ -24,7 +24,8 @@ gives about a9a's share of positive labels. The model is the main job's,
 **Measured**: the wall time of the whole run (data on hand; compilation, mode finding, warm-up and sampling),
 the warm-up's and the sampling's share, the process's CPU time (``time.process_time``: on a shared machine
 wall time measures the load too), ArviZ's bulk ESS of each of the 123 weights (min and median) and the ESS per
-second of the whole run. Each run is capped at ``--cap`` seconds of wall time; a run over it is recorded as
+CPU second of the whole run (the run is pinned to one core: on a quiet machine, its wall time). Each run is
+capped at ``--cap`` seconds of wall time; a run over it is recorded as
 ``capped`` (it is not affordable at that N), and the method is not run at the larger N of the same invocation
 (every method's cost grows with N). **Checked** against full-data NUTS at the same N
 (``nuts_map`` where it finished, else ``nuts``): the largest ``|mean_j - mean*_j| / sd*_j`` over the weights, the
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -57,14 +59,17 @@ from typing import Any
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ("sgnht", "sgld", "nuts", "nuts_map", "hmcecs")
-LABELS = {"sgnht": "SGNHT defaults", "sgld": "SGLD defaults", "nuts": "NUTS hands-off",
+METHODS = ("sgnht", "sgld", "sgnht_cv", "sgld_cv", "nuts", "nuts_map", "hmcecs")
+LABELS = {"sgnht": "SGNHT defaults", "sgld": "SGLD defaults", "sgnht_cv": 'SGNHT, `gradient="control_variates"`',
+          "sgld_cv": 'SGLD, `gradient="control_variates"`', "nuts": "NUTS hands-off",
           "nuts_map": "NUTS, MAP start + Laplace mass", "hmcecs": "HMCECS (Taylor proxy)"}  # fmt: skip
 #: SG-MCMC: warm-up and kept steps per chain, the kernel's thinning, minibatch rows.
 SG_WARMUP, SG_STEPS, THIN, BATCH = 20_000, 100_000, 50, 100
 #: NUTS and HMCECS: warm-up and kept draws per chain (``nuts_map`` adapts only its step size).
 NUTS_WARMUP, NUTS_SAMPLES, NUTS_MAP_WARMUP = 500, 500, 200
 ECS_SUBSAMPLE, ECS_BLOCKS = 1000, 10
+#: Newton steps after L-BFGS in the reference's mode search, and the main job's prior variance.
+NEWTON_STEPS, PRIOR_VARIANCE = 20, 10.0
 CHAINS, SEED = 4, 0
 #: The plot's open markers: runs whose worst weight has fewer effective draws (the end-of-run verdict's 100 a chain).
 MIXED_ESS = 100 * CHAINS
@@ -89,7 +94,8 @@ def make_data(N: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
 
 # --- one (N, method), in a child process ------------------------------------------------------------------
 def _map_and_laplace(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The full-data posterior mode (L-BFGS) and the inverse Hessian of the potential there."""
+    """The full-data posterior mode (L-BFGS, then :data:`NEWTON_STEPS` Newton steps in float64) and the inverse
+    Hessian of the potential there."""
     import jax
     import jax.numpy as jnp
     from numpyro.infer.util import potential_energy
@@ -109,8 +115,21 @@ def _map_and_laplace(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarr
         return float(value), np.asarray(grad, np.float64)
 
     result = minimize(fun, np.zeros(X.shape[1]), jac=True, method="L-BFGS-B", options={"maxiter": 2000})
-    hessian = np.asarray(jax.jit(jax.hessian(potential))(jnp.asarray(result.x, jnp.float32)), np.float64)
-    return result.x.astype(np.float32), np.linalg.inv(hessian)
+    # L-BFGS stops where float32 energies no longer resolve its steps, far from the mode at large N (a Newton
+    # decrement of 1e3 at 1e5 rows). Newton steps finish the search, with the model's gradient and Hessian in float64
+    # (the main job's model: a float32 Hessian's rounding errors on common features' entries reach the size of the
+    # rare features' curvatures, and its steps stall several posterior sds from the mode)
+    X64, y64, w = X.astype(np.float64), y.astype(np.float64), result.x
+    for _ in range(NEWTON_STEPS):
+        gradient, hessian = _gradient_and_hessian(X64, y64, w)
+        w = w - np.linalg.solve(hessian, gradient)
+    return w.astype(np.float32), np.linalg.inv(_gradient_and_hessian(X64, y64, w)[1])
+
+
+def _gradient_and_hessian(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The gradient and Hessian of the main job's potential (prior ``N(0, 10)``, logistic likelihood) at ``w``."""
+    p = 1.0 / (1.0 + np.exp(-(X @ w)))
+    return X.T @ (p - y) + w / PRIOR_VARIANCE, (X.T * (p * (1.0 - p))) @ X + np.eye(w.size) / PRIOR_VARIANCE
 
 
 def _warmup_and_sample(mcmc: Any, start: float, X: Any, y: Any, batch: int | None) -> tuple[Any, float, float]:
@@ -127,18 +146,29 @@ def _warmup_and_sample(mcmc: Any, start: float, X: Any, y: Any, batch: int | Non
     return w, warmup, time.perf_counter() - start - warmup
 
 
-def _run_sg(name: str, X: Any, y: Any, cfg: dict[str, int]) -> tuple[Any, float, float]:
-    """The SGNHT or SGLD defaults, 4 chains vectorised (see the module docstring)."""
+def _tuning(mcmc: Any) -> dict[str, float]:
+    """An SG-MCMC run's tuned step size (the median over chains, in the preconditioner's coordinates) and the
+    median noise ratio of its draws."""
+    extra = mcmc.get_extra_fields()
+    return {"step_size": float(np.median(np.asarray(extra["step_size"]))),
+            "noise_ratio": float(np.median(np.asarray(extra["noise_ratio"])))}  # fmt: skip
+
+
+def _run_sg(name: str, X: Any, y: Any, cfg: dict[str, int]) -> tuple[Any, float, float, dict[str, float]]:
+    """The SGNHT or SGLD defaults, with control variates for the ``_cv`` methods, 4 chains vectorised (see the
+    module docstring)."""
     from models.logistic_regression import model
     from ppl_sgmcmc.numpyro import MCMC, SGLD, SGNHT
 
-    kernel = (SGNHT if name == "sgnht" else SGLD)(model, steps_per_sample=THIN)
+    gradient = "control_variates" if name.endswith("_cv") else "minibatch"
+    kernel = (SGNHT if name.startswith("sgnht") else SGLD)(model, steps_per_sample=THIN, gradient=gradient)
     mcmc = MCMC(kernel, num_warmup=cfg["SG_WARMUP"] // THIN, num_samples=cfg["SG_STEPS"] // THIN,
                 num_chains=CHAINS, chain_method="vectorized", progress_bar=False)  # fmt: skip
-    return _warmup_and_sample(mcmc, time.perf_counter(), X, y, BATCH)
+    w, warmup, sampling = _warmup_and_sample(mcmc, time.perf_counter(), X, y, BATCH)
+    return w, warmup, sampling, _tuning(mcmc)
 
 
-def _run_nuts(name: str, X: Any, y: Any, cfg: dict[str, int]) -> tuple[Any, float, float]:
+def _run_nuts(name: str, X: Any, y: Any, cfg: dict[str, int]) -> tuple[Any, float, float, dict[str, float]]:
     """NUTS hands-off, NUTS helped, or HMCECS, 4 chains one after the other (see the module docstring)."""
     from numpyro.infer import HMCECS, MCMC, NUTS, init_to_value
 
@@ -161,23 +191,26 @@ def _run_nuts(name: str, X: Any, y: Any, cfg: dict[str, int]) -> tuple[Any, floa
             batch = ECS_SUBSAMPLE
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=cfg["NUTS_SAMPLES"], num_chains=CHAINS,
                 chain_method="sequential", progress_bar=False)  # fmt: skip
-    return _warmup_and_sample(mcmc, start, X, y, batch)
+    return (*_warmup_and_sample(mcmc, start, X, y, batch), {})
 
 
-def child(N: int, name: str, quick: bool) -> dict[str, Any]:
-    """Run ``name`` on the data of ``N`` rows: the row of the table and each weight's mean, sd and bulk ESS."""
+def child(N: int, name: str, quick: bool, sg_steps: int | None = None) -> dict[str, Any]:
+    """Run ``name`` on the data of ``N`` rows: the row of the table and each weight's mean, sd and bulk ESS
+    (``sg_steps``: the SG-MCMC kept steps per chain instead of :data:`SG_STEPS`, with a fifth as many warm-up steps)."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import arviz as az
     import jax.numpy as jnp
 
     cfg = {key: globals()[key] for key in QUICK} | (QUICK if quick else {})
+    if sg_steps is not None:
+        cfg |= {"SG_STEPS": sg_steps, "SG_WARMUP": sg_steps // 5}
     X_np, y_np = make_data(N)
     X, y = jnp.asarray(X_np), jnp.asarray(y_np)
     del X_np
     cpu = time.process_time()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        w, warmup, sampling = (_run_sg if name.startswith("sg") else _run_nuts)(name, X, y, cfg)
+        w, warmup, sampling, tuning = (_run_sg if name.startswith("sg") else _run_nuts)(name, X, y, cfg)
     cpu = time.process_time() - cpu
     w = np.asarray(w, np.float64)
     ess = az.ess(az.convert_to_dataset({"w": w}), method="bulk").w.values
@@ -185,11 +218,10 @@ def child(N: int, name: str, quick: bool) -> dict[str, Any]:
     flat = w.reshape(-1, w.shape[-1])
     total = warmup + sampling
     return {"N": N, "method": name, "wall_s": total, "warmup_s": warmup, "sampling_s": sampling, "cpu_s": cpu,
-            "ess_min": float(ess.min()), "ess_median": float(np.median(ess)),
-            "ess_per_s_min": float(ess.min() / total), "ess_per_s_median": float(np.median(ess) / total),
+            "ess_min": float(ess.min()), "ess_median": float(np.median(ess)), "sg_steps": cfg["SG_STEPS"],
             "draws": int(flat.shape[0]), "rhat_max": float(rhat.max()),
             "warnings": sorted({f"{c.category.__name__}: {str(c.message)[:300]}" for c in caught}),
-            "positive_rate": float(np.mean(y_np)),
+            "positive_rate": float(np.mean(y_np)), **tuning,
             "w_mean": flat.mean(0).tolist(), "w_sd": flat.std(0, ddof=1).tolist(), "w_ess": ess.tolist()}  # fmt: skip
 
 
@@ -214,6 +246,13 @@ def _reference(cells: dict[str, Any], N: int, name: str) -> dict[str, Any] | Non
     return None
 
 
+def _rate(cell: dict[str, Any], ess: str) -> float:
+    """``cell``'s effective draws (``"ess_min"`` or ``"ess_median"``) per second of the process's CPU time: the
+    run is pinned to one core, so that on a quiet machine this is its wall time, and on a shared one it leaves out
+    the time other jobs held the core."""
+    return float(cell[ess] / cell["cpu_s"])
+
+
 def _rows(N: int) -> str:
     """``N`` as ``1e4`` (a power of ten) or with thousands separators."""
     return f"{N:.0e}".replace("e+0", "e") if f"{N:.0e}" == f"{N:.6e}".replace(".000000", "") else f"{N:,}"
@@ -221,28 +260,30 @@ def _rows(N: int) -> str:
 
 def table(cells: dict[str, Any]) -> str:
     """The Markdown table of every cell, by N then method."""
-    lines = ["| N | method | ESS/s min | ESS/s median | ESS min / median | wall (s) | warm-up (s) | sampling (s) "
-             "| CPU (s) | max mean error (NUTS sd) | max \\|z\\| | sd ratio min-median-max |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| N | method | kept steps per chain | ESS per CPU-s, min | median | ESS min / median | wall (s) | warm-up (s) "
+             "| sampling (s) | CPU (s) | R-hat max | max mean error (NUTS sd) | max \\|z\\| | sd ratio min-median-max |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for key in sorted(cells, key=lambda k: (int(k.split("/")[0]), METHODS.index(k.split("/")[1]))):
         cell = cells[key]
         N, name = cell["N"], LABELS[cell["method"]]
         if "capped" in cell:
-            lines.append(f"| {_rows(N)} | {name} | over the cap ({cell['capped']:.0f} s) | | | | | | | | | |")
+            lines.append(f"| {_rows(N)} | {name} | | over the cap ({cell['capped']:.0f} s) | | | | | | | | | | |")
             continue
         ref = _reference(cells, N, cell["method"])
         c = check(cell, ref) if ref is not None else None
         fidelity = (f"{c['mean_err_max']:.2f} | {c['z_max']:.1f} | {c['sd_ratio_min']:.2f}-{c['sd_ratio_median']:.2f}-"
                     f"{c['sd_ratio_max']:.2f}" if c else "the reference | | " if cell["method"] == "nuts_map"
                     else "no NUTS | | ")  # fmt: skip
-        lines.append(f"| {_rows(N)} | {name} | {cell['ess_per_s_min']:.2f} | {cell['ess_per_s_median']:.2f} | "
+        steps = f"{cell.get('sg_steps', SG_STEPS):,}" if cell["method"].startswith("sg") else ""
+        lines.append(f"| {_rows(N)} | {name} | {steps} | {_rate(cell, 'ess_min'):.2f} | {_rate(cell, 'ess_median'):.2f} | "
                      f"{cell['ess_min']:.0f} / {cell['ess_median']:.0f} | {cell['wall_s']:.0f} | {cell['warmup_s']:.0f} "
-                     f"| {cell['sampling_s']:.0f} | {cell['cpu_s']:.0f} | {fidelity} |")  # fmt: skip
+                     f"| {cell['sampling_s']:.0f} | {cell['cpu_s']:.0f} | {cell.get('rhat_max', math.nan):.2f} | "
+                     f"{fidelity} |")  # fmt: skip
     return "\n".join(lines)
 
 
 def plot(cells: dict[str, Any], path: Path) -> None:
-    """ESS/s (the smallest over the weights) against N, log-log, one line per method (no point where a run was over
+    """ESS per CPU second (the smallest over the weights) against N, log-log, one line per method (no point where a run was over
     the cap; an open one where the worst weight has fewer than :data:`MIXED_ESS` effective draws)."""
     import matplotlib
 
@@ -251,14 +292,14 @@ def plot(cells: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name in METHODS:
-        runs = sorted((c["N"], c["ess_per_s_min"], c["ess_min"]) for c in cells.values()
+        runs = sorted((c["N"], _rate(c, "ess_min"), c["ess_min"]) for c in cells.values()
                       if c["method"] == name and "capped" not in c)  # fmt: skip
         if runs:
             (line,) = ax.plot([r[0] for r in runs], [r[1] for r in runs], marker="o", label=LABELS[name])
             unmixed = [(N, rate) for N, rate, ess in runs if ess < MIXED_ESS]
             if unmixed:
                 ax.plot(*zip(*unmixed), "o", markerfacecolor="white", color=line.get_color())
-    ax.set(xscale="log", yscale="log", xlabel="N (rows)", ylabel="min bulk ESS / s (whole run)",
+    ax.set(xscale="log", yscale="log", xlabel="N (rows)", ylabel="min bulk ESS per CPU second (whole run)",
            title="a9a-shaped logistic regression, d = 123\n(no point: over the time cap; open: min ESS < 400)")  # fmt: skip
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -272,10 +313,12 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--quick", action="store_true", help="short runs, N = 1e4 unless --n says otherwise")
     parser.add_argument("--cap", type=float, default=300.0, help="wall-time cap of each run, seconds (default 300)")
+    parser.add_argument("--sg-steps", type=int, default=None,
+                        help=f"SG-MCMC kept steps per chain (default {SG_STEPS}), with a fifth as many warm-up steps")
     parser.add_argument("--child", nargs=2, metavar=("N", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(int(args.child[0]), args.child[1], args.quick)))
+        print(json.dumps(child(int(args.child[0]), args.child[1], args.quick, args.sg_steps)))
         return
     sizes = [int(n) for n in (args.n or ([1e4] if args.quick else [1e4, 1e5, 1e6]))]
     if any(n < 100 for n in sizes):
@@ -290,7 +333,7 @@ def main() -> None:
                 print(f"N={N:.0e} {name}: not run, over the cap at a smaller N", flush=True)
                 continue
             command = [sys.executable, "-m", "benchmarks.time_to_ess", "--child", str(N), name]
-            command += ["--quick"] if args.quick else []
+            command += (["--quick"] if args.quick else []) + ([f"--sg-steps={args.sg_steps}"] if args.sg_steps else [])
             start = time.perf_counter()
             try:
                 out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.cap)
@@ -304,8 +347,8 @@ def main() -> None:
                     continue
                 cells[f"{N}/{name}"] = json.loads(out.stdout.strip().splitlines()[-1])
                 cell = cells[f"{N}/{name}"]
-                print(f"N={N:.0e} {name}: {cell['ess_per_s_min']:.2f} ESS/s (min), wall {cell['wall_s']:.0f} s "
-                      f"({time.perf_counter() - start:.0f} s with data)", flush=True)  # fmt: skip
+                print(f"N={N:.0e} {name}: {_rate(cell, 'ess_min'):.2f} ESS per CPU second (min), CPU {cell['cpu_s']:.0f} s, "
+                      f"wall {cell['wall_s']:.0f} s ({time.perf_counter() - start:.0f} s with data)", flush=True)  # fmt: skip
             path.write_text(json.dumps(cells, indent=1))
     print(table(cells))
     plot(cells, path.with_suffix(".png"))

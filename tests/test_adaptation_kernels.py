@@ -153,6 +153,33 @@ def test_find_mode_moves_a_far_start(backend):
     assert np.sqrt(x @ np.linalg.inv(cov) @ x) < 1.5, x
 
 
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_the_start_is_the_mode_of_every_row_when_the_hessian_reads_fewer(backend, monkeypatch):
+    """On a data set larger than the Hessian's rows (``adaptation.HESSIAN_ROWS``, lowered here to 200 of 2000), the
+    Newton steps are line-searched on every row and take the Hessian again at each end point: the start is the
+    full-data mode, not the mode of the Hessian's rows (about 3 whitened units away here: sqrt(N / rows) times a
+    posterior sd in each of the 4 directions)."""
+    monkeypatch.setattr(adaptation, "HESSIAN_ROWS", 200)
+
+    # models of their own: a kernel of `numpyro_model` compiled in this process keeps its start's programs
+    def numpyro_own(X, y):
+        numpyro_model(X, y)
+
+    def pyro_own(X, y):
+        pyro_model(X, y)
+
+    if backend is np_backend:
+        state = np_backend.SGLD(numpyro_own).init(jax.random.PRNGKey(0), 1000, None, (jnp.asarray(X), jnp.asarray(Y)), {})
+        start = np.asarray(state.finite_position, np.float64)
+    else:
+        kernel = pyro_backend.SGLD(pyro_own)
+        kernel.setup(1000, torch.as_tensor(X), torch.as_tensor(Y))
+        kernel._start(None)  # the chain's start, before its first step
+        start = kernel._flat.double().numpy()
+    offset = start - MEAN  # the Gaussian posterior's mode is its mean
+    assert np.sqrt(offset @ np.linalg.solve(COV, offset)) < 0.05, offset
+
+
 LOGIT_N, LOGIT_BATCH = 2000, 100
 LOGIT_X = np.random.default_rng(5).normal(size=LOGIT_N).astype(np.float32)
 LOGIT_Y = (np.random.default_rng(6).uniform(size=LOGIT_N) < 1 / (1 + np.exp(-LOGIT_X))).astype(np.float32)

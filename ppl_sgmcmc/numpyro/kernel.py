@@ -515,7 +515,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             batch, _ = self._target.draw(key, self._target.init_batch(key))
             near = flat + 0.01 * random.normal(random.fold_in(key, 2), flat.shape, flat.dtype)  # not a special point
             with model_errors(name, "computing the per-datum scores"):
-                rows = self._target.gradient(near, self._unravel, batch, model_args, model_kwargs).per_example
+                rows = self._gradient(near, batch, model_args, model_kwargs).per_example  # jitted: one program
             self._check_scores(rows, [name for name in sorted(start) for _ in range(jnp.size(start[name]))])
         # the data arrays are arguments of the compiled function, not constants baked into it (large N);
         # other leaves (a `batch_size` used as `subsample_size`) stay static
@@ -771,9 +771,10 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
     # --- the chain ---------------------------------------------------------------------------
     def _start_stages(self, start, init_params, rng_key, data, merge, vectorized):
         """The chain's start before its state: the approximate mode (``find_mode`` steps of Adam, then Newton steps
-        with an exact Hessian), the curvature there (the exact Hessian, or its diagonal and the largest curvature it
-        leaves) and the noise probe's minibatch gradients, as ``(flat, curvature, largest, probe)`` (``None`` for
-        what the kernel does not use; a leading chain axis for vectorised chains).
+        with the exact Hessian, evaluated again at each step's end, line-searched on every row), the curvature there
+        (the exact Hessian, or its diagonal and the largest curvature it leaves) and the noise probe's minibatch
+        gradients, as ``(flat, curvature, largest, probe)`` (``None`` for what the kernel does not use; a leading
+        chain axis for vectorised chains).
 
         These stages depend on the model, its arguments and a few options, not on the kernel's rule: each runs as its
         own compiled program, kept for the next kernel of the same model (see :data:`_START_STAGES`), so that
@@ -797,11 +798,13 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 if steps:
                     flat = warmup.find_mode(gradient, target.draw, target.init_batch(key_batch), flat, key_mode, steps)
                 if curvature == "exact":
-                    batches = target.epoch(key_hessian, adaptation.hessian_rows(target.data_size, dim))
-                    hessian, mean_gradient = warmup.hessian(gradient, batches, flat)
-                    if steps:  # and Newton steps from the optimiser's end
-                        flat = warmup.newton(gradient, batches, flat, hessian, mean_gradient)
-                    return flat, hessian, None
+                    rows = adaptation.hessian_rows(target.data_size, dim)
+                    batches = target.epoch(key_hessian, rows)
+                    if not steps:
+                        return flat, warmup.hessian(gradient, batches, flat)[0], None
+                    # Newton steps from the optimiser's end, line-searched on every row (the Hessian's may be fewer)
+                    every_row = batches if rows >= target.data_size else target.epoch(key_hessian, target.data_size)
+                    return (*warmup.newton(gradient, every_row, flat, batches), None)
                 if curvature == "diagonal":  # many coordinates: the Hessian's diagonal, and the curvature it leaves
                     batches = target.epoch(key_hessian, adaptation.hessian_rows(target.data_size, 1))
                     key_diagonal, key_power = random.split(key_hessian)

@@ -162,54 +162,82 @@ def hessian(gradient: GradientFn, batches: Any, flat: jax.Array) -> tuple[jax.Ar
     return H / count, g / count
 
 
-def newton(gradient: GradientFn, batches: Any, flat: jax.Array, hessian: jax.Array, mean_gradient: jax.Array) -> jax.Array:
-    """Up to :data:`~ppl_sgmcmc.adaptation.NEWTON_ITERATIONS` Newton steps from ``flat`` with the Hessian ``hessian``
-    (:func:`ppl_sgmcmc.adaptation.newton_direction`; ``mean_gradient`` is the gradient at ``flat``), each the
-    best of ``x - t step`` for ``t`` in :data:`~ppl_sgmcmc.adaptation.NEWTON_FRACTIONS` and ``t = 0``: the lowest
-    mean minibatch energy over ``batches`` (the same minibatches for every candidate, a line search with common
-    random numbers). The Hessian stays the one at ``flat``; the step's radius starts at
-    :data:`~ppl_sgmcmc.adaptation.NEWTON_RADIUS` and grows by :data:`~ppl_sgmcmc.adaptation.NEWTON_GROWTH` after
-    each step whose full length was best (a trust region); the steps stop once one moved less than
-    :data:`~ppl_sgmcmc.adaptation.NEWTON_TOLERANCE` posterior sds.
+def newton(gradient: GradientFn, batches: Any, flat: jax.Array, hessian_batches: Any = None) -> tuple[jax.Array, jax.Array]:
+    """Up to :data:`~ppl_sgmcmc.adaptation.NEWTON_ITERATIONS` Newton steps from ``flat``
+    (:func:`ppl_sgmcmc.adaptation.newton_direction`), each from the Hessian at its start point, on ``hessian_batches``
+    (``batches`` when ``None``; fewer rows than ``batches`` on a large data set), and the mean gradient over
+    ``batches``, and each the best of ``x - t step`` for ``t`` in :data:`~ppl_sgmcmc.adaptation.NEWTON_FRACTIONS`
+    and ``t = 0``: the lowest mean minibatch energy over ``batches`` (the same minibatches for every candidate, a
+    line search with common random numbers; their sums compensated, :func:`_compensated_add`). The Hessian is taken
+    again at every step: far from the mode, where a model's curvature differs from the mode's (a logistic
+    regression's saturated rows), steps with the first point's Hessian stall. The step's radius starts at
+    :data:`~ppl_sgmcmc.adaptation.NEWTON_RADIUS` and grows by :data:`~ppl_sgmcmc.adaptation.NEWTON_GROWTH` after each
+    step whose full length was best (a trust region); the steps stop once one moved less than
+    :data:`~ppl_sgmcmc.adaptation.NEWTON_TOLERANCE` posterior sds. Returns the end point and the Hessian at the last
+    step's start (one Hessian a step, traced once: the last step moved less than the tolerance, unless the steps ran
+    out).
 
-    **Example** (``U(x) = x²``: the full step from 1 overshoots to -3, a quarter of it lands at 0, and the
-    later steps stay there)::
+    **Example** (``U(x) = x²``: the full step from 1 lands at 0, where the next step stays)::
 
         >>> import jax, jax.numpy as jnp
         >>> from ppl_sgmcmc.numpyro.warmup import newton
         >>> from ppl_sgmcmc.rules import StochasticGradient
         >>> def gradient(x, batch):
         ...     return StochasticGradient(jnp.sum(x**2), 2 * x, None)
-        >>> x = newton(gradient, jnp.arange(2), jnp.array([1.0]), jnp.array([[0.5]]), jnp.array([2.0]))
-        >>> [round(v, 6) for v in x.tolist()]
-        [0.0]
+        >>> x, H = newton(gradient, jnp.arange(2), jnp.array([1.0]))
+        >>> [round(v, 6) for v in x.tolist()], H.tolist()
+        ([0.0], [[2.0]])
     """
     count = batch_count(batches)
     fractions = jnp.asarray((0.0, *NEWTON_FRACTIONS), flat.dtype)
+    hessian_batches = batches if hessian_batches is None else hessian_batches
+
+    def mean_gradient(x):
+        def body(totals, batch):
+            return _compensated_add(totals, gradient(x, batch).grad), None
+
+        return lax.scan(body, (jnp.zeros_like(x), jnp.zeros_like(x)), batches, length=count)[0][0] / count
 
     def iteration(carry):
-        k, x, g, radius, _ = carry
-        step = newton_direction(hessian, g, radius)
+        k, x, g, radius, _, _ = carry
+        H = hessian(gradient, hessian_batches, x)[0]
+        step = newton_direction(H, g, radius)
         candidates = x - fractions[:, None] * step
 
         def body(totals, batch):
             out = vmap(lambda c: gradient(c, batch))(candidates)
-            return (totals[0] + out.energy, totals[1] + out.grad), None
+            # each candidate's energy less the current point's, on the same minibatch: small terms, where the
+            # whole energies (N/n times a minibatch's) would lose the candidates' differences to rounding
+            reference = jnp.where(jnp.isfinite(out.energy[0]), out.energy[0], 0)
+            return _compensated_add(totals, (out.energy - reference, out.grad)), None
 
-        (energies, grads), _ = lax.scan(
-            body, (jnp.zeros(fractions.shape, flat.dtype), jnp.zeros_like(candidates)), batches, length=count
-        )
+        zeros = (jnp.zeros(fractions.shape, flat.dtype), jnp.zeros_like(candidates))
+        (energies, grads), _ = lax.scan(body, (zeros, zeros), batches, length=count)[0]
         best = jnp.argmin(jnp.where(jnp.isfinite(energies), energies, jnp.inf))
-        moved = fractions[best] * jnp.sqrt(jnp.abs(step @ hessian @ step))  # in posterior sds
+        moved = fractions[best] * jnp.sqrt(jnp.abs(step @ H @ step))  # in posterior sds
         radius = jnp.where(best == 1, NEWTON_GROWTH * radius, radius)
-        return k + 1, candidates[best], grads[best] / count, radius, moved
+        return k + 1, candidates[best], grads[best] / count, radius, moved, H
 
     def more(carry):
-        k, _, _, _, moved = carry
+        k, _, _, _, moved, _ = carry
         return (k < NEWTON_ITERATIONS) & (moved >= NEWTON_TOLERANCE)
 
-    start = (0, flat, mean_gradient, jnp.asarray(NEWTON_RADIUS, flat.dtype), jnp.asarray(jnp.inf, flat.dtype))
-    return lax.while_loop(more, iteration, start)[1]
+    d = flat.shape[0]
+    start = (0, flat, mean_gradient(flat), jnp.asarray(NEWTON_RADIUS, flat.dtype), jnp.asarray(jnp.inf, flat.dtype),
+             jnp.zeros((d, d), flat.dtype))  # fmt: skip
+    _, x, _, _, _, H = lax.while_loop(more, iteration, start)
+    return x, H
+
+
+def _compensated_add(totals: tuple[Any, Any], terms: Any) -> tuple[Any, Any]:
+    """Kahan's compensated summation, one term at a time: ``(sums, compensations)`` after adding ``terms`` (pytrees
+    alike). The rounding error stays of the order of one term's, not of the number of terms times it, as for the
+    Newton steps' sums over every row of a large data set (ten thousand minibatches of a million rows)."""
+    sums, compensations = totals
+    corrected = jax.tree.map(jnp.subtract, terms, compensations)
+    new = jax.tree.map(jnp.add, sums, corrected)
+    compensations = jax.tree.map(lambda n, s, c: (n - s) - c, new, sums, corrected)
+    return new, compensations
 
 
 def hessian_diagonal(gradient: GradientFn, batches: Any, flat: jax.Array, rng_key: jax.Array) -> tuple[jax.Array, jax.Array]:

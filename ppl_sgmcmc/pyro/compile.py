@@ -107,9 +107,16 @@ def _constants(graph: torch.fx.GraphModule) -> list[torch.Tensor] | None:
     return values
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's values as bytes: equal for two NaNs of the same bits (``torch.equal`` is false for NaN, and a
+    kernel's step holds NaN constants: SGFS's noise scale) and unequal for ``0.0`` and ``-0.0``."""
+    return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
+
 def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(
-        x.dtype == y.dtype and x.shape == y.shape and x.device == y.device and torch.equal(x, y) for x, y in zip(a, b)
+        x.dtype == y.dtype and x.shape == y.shape and x.device == y.device and torch.equal(_bits(x), _bits(y))
+        for x, y in zip(a, b)
     )
 
 

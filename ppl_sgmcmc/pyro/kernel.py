@@ -853,11 +853,14 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             pre, _ = self._laplace(warmup.hessian_diagonal(target, flat, batches, self._generator)[0])
             laplace = pre, warmup.largest_curvature(target, flat, batches, pre.scale, self._generator)
         elif self._adapt_mass:
-            batches = target.epoch(self._generator, adaptation.hessian_rows(target.data_size, flat.shape[0]))
-            hessian, mean_gradient = warmup.hessian(target, flat, batches)
+            rows = adaptation.hessian_rows(target.data_size, flat.shape[0])
+            batches = target.epoch(self._generator, rows)
+            if self._find_mode_steps:  # Newton steps from the optimiser's end, line-searched on every row
+                every_row = batches if rows >= target.data_size else target.epoch(self._generator, target.data_size)
+                flat, hessian = warmup.newton(target, flat, every_row, score_kind, batches)
+            else:
+                hessian = warmup.hessian(target, flat, batches)[0]
             laplace = self._laplace(hessian)
-            if self._find_mode_steps:  # and Newton steps from the optimiser's end
-                flat = warmup.newton(target, flat, batches, hessian, mean_gradient, score_kind)
         if self._tune:
             n = max((n for _, n in target.plate_sizes.values()), default=1)
             batches = target.epoch(self._generator, self._probe_batches(flat.shape[0]) * n)

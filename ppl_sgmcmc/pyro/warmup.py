@@ -175,13 +175,18 @@ def largest_curvature(target: Any, flat: torch.Tensor, batches: list[Any], scale
     return rayleigh.abs()
 
 
-def newton(target: Any, flat: torch.Tensor, batches: list[Any], hessian: torch.Tensor, mean_gradient: torch.Tensor,
-           score_kind: Any) -> torch.Tensor:  # fmt: skip
-    """Up to :data:`~ppl_sgmcmc.adaptation.NEWTON_ITERATIONS` Newton steps from ``flat``, each the best of a few
-    fractions of the step on ``batches`` (see :func:`ppl_sgmcmc.numpyro.warmup.newton`)."""
-    x, g, radius = flat, mean_gradient, NEWTON_RADIUS
+def newton(target: Any, flat: torch.Tensor, batches: list[Any], score_kind: Any,
+           hessian_batches: list[Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Up to :data:`~ppl_sgmcmc.adaptation.NEWTON_ITERATIONS` Newton steps from ``flat``, each from the Hessian at
+    its start point on ``hessian_batches`` (``batches`` when ``None``) and the best of a few fractions of the step on
+    ``batches``; returns the end point and the Hessian at the last step's start (see
+    :func:`ppl_sgmcmc.numpyro.warmup.newton`)."""
+    hessian_batches = batches if hessian_batches is None else hessian_batches
+    g = torch.stack([target.gradient(flat, batch, score_kind).grad for batch in batches]).mean(0)
+    x, radius = flat, NEWTON_RADIUS
     for _ in range(NEWTON_ITERATIONS):
-        step = cast(torch.Tensor, newton_direction(hessian, g, radius))
+        H = hessian(target, x, hessian_batches)[0]
+        step = cast(torch.Tensor, newton_direction(H, g, radius))
         best, best_energy, best_t = x, float("inf"), 0.0
         for t in (0.0, *NEWTON_FRACTIONS):
             candidate = x - t * step
@@ -191,9 +196,9 @@ def newton(target: Any, flat: torch.Tensor, batches: list[Any], hessian: torch.T
                 best, best_energy, best_t = candidate, energy, t
                 g = torch.stack([out.grad for out in grads]).mean(0)
         x, radius = best, radius * NEWTON_GROWTH if best_t == NEWTON_FRACTIONS[0] else radius
-        if best_t * abs(float(step @ hessian @ step)) ** 0.5 < NEWTON_TOLERANCE:
+        if best_t * abs(float(step @ H @ step)) ** 0.5 < NEWTON_TOLERANCE:
             break
-    return x
+    return x, H
 
 
 def probe(target: Any, flat: torch.Tensor, batches: list[Any], score_kind: Any) -> StochasticGradient:

@@ -496,20 +496,33 @@ def test_compiled_step_equals_eager(kind, data, monkeypatch):
                                        equal_nan=True)  # fmt: skip  # SGFS: noise not measured (NaN)
 
 
+def step_graph(kernel, data):
+    """The compiled graph of ``kernel``'s step after its first draw on ``data`` (seeded)."""
+    pyro.set_rng_seed(0)
+    kernel.setup(0, *data)
+    kernel.sample(kernel.initial_params)
+    (graph,) = [graph for key, graph in kernel._graphs.items() if key[0] == "step"]
+    return graph.graph.graph
+
+
 @on_plain
 def test_one_compiled_step_serves_every_step_size(data):
     """The step size is an input of the compiled step, not a constant of it: a second kernel on the same model with
     another step size calls the same compiled code (no second compilation, about a second each), with its own
     step size (its first step is checked against the eager step)."""
-    graphs = []
-    for step_size in (1e-4, 3e-4):
-        kernel = SGLD(plain, step_size=step_size)
-        pyro.set_rng_seed(0)
-        kernel.setup(0, *data)
-        kernel.sample(kernel.initial_params)
-        (graph,) = [graph for key, graph in kernel._graphs.items() if key[0] == "step"]
-        graphs.append(graph.graph.graph)
+    graphs = [step_graph(SGLD(plain, step_size=step_size), data) for step_size in (1e-4, 3e-4)]
     assert isinstance(graphs[0], compile_.InductorGraph) and graphs[0] is graphs[1]
+
+
+@on_plain
+def test_two_kernels_with_a_nan_constant_share_one_compiled_step(data):
+    """SGFS's step holds a NaN constant (its noise scale: the noise is not measured), which ``torch.equal`` finds
+    unequal to itself: the memo of compiled graphs compares constants bit for bit, so a second SGFS kernel on the same
+    model calls the compiled code of the first (no second compilation, seconds each; the networks of
+    ``test_modules.py`` compiled SGFS's step twice)."""
+    graphs = [step_graph(SGFS(plain, alpha=1.0, ridge=1e-2), data) for _ in range(2)]
+    assert isinstance(graphs[0], compile_.InductorGraph) and graphs[0] is graphs[1]
+    assert any(bool(c.isnan().any()) for c in compile_._constants(graphs[0].graph))  # what the test is about
 
 
 @on_plain
@@ -523,6 +536,25 @@ def test_step_with_a_schedule_is_not_compiled(data):
     for _ in range(3):
         z = kernel.sample(z)
     assert {key[0] for key in kernel._graphs} == {"noise update", "noise summary"}
+
+
+def test_memo_reuses_a_graph_whose_constants_are_equal_bit_for_bit(fresh_memo):
+    """A graph identical to one compiled before in the process (the same code, constants equal bit for bit) is not
+    compiled again, also when a constant is NaN; constants that differ, ``0.0`` and ``-0.0`` included, are compiled
+    each, and each graph gives its own constant's results."""
+
+    def times(value):
+        constant = torch.tensor(value)
+        return lambda x: (x * constant,)
+
+    x = torch.ones(3)
+    values = [float("nan"), float("nan"), 0.0, -0.0]
+    graphs = [compile_.compile_graph(_trace(times(value), x), (x,)) for value in values]
+    assert graphs[0].graph is graphs[1].graph
+    assert len({id(graph.graph) for graph in graphs}) == 3
+    for graph, value in zip(graphs, values):
+        torch.testing.assert_close(graph(x)[0], x * value, equal_nan=True)
+    assert not graphs[2](x)[0].signbit().any() and graphs[3](x)[0].signbit().all()  # 0.0 and -0.0
 
 
 def test_inductor_graph_called_with_other_inputs_specialises_again():
