@@ -82,6 +82,7 @@ __all__ = [
     "from_covariance",
     "from_hessian",
     "identity",
+    "capped_noise",
     "equalize_noise",
     "hessian_rows",
     "magnitude",
@@ -632,10 +633,10 @@ def pullback_grad_fn(pre: Preconditioner, grad_fn: Any) -> Any:
     return grad_fn_u
 
 
-def equalize_noise(pre: Preconditioner, variance: Array) -> tuple[Preconditioner, Array, Array]:
+def equalize_noise(pre: Preconditioner, variance: Array, floor: Any = 0.0) -> tuple[Preconditioner, Array, Array]:
     """Shrink the coordinates of ``u`` whose gradient noise ``v_k`` (``c ⊙ diag V`` in ``u``) exceeds
-    :data:`NOISE_SPREAD` times the median over the coordinates with noise: ``u_k`` is rescaled by
-    ``f_k = min(1, sqrt(NOISE_SPREAD · median / v_k))``, which divides its noise by ``f_k⁻²``.
+    ``limit = max(NOISE_SPREAD · median, floor)``, the median over the coordinates with noise: ``u_k`` is rescaled by
+    ``f_k = min(1, sqrt(limit / v_k))``, which divides its noise by ``f_k⁻²``.
 
     Where the Hessian is far smaller than the Fisher information, as at a saddle or in a flat direction of a
     neural network, the Laplace preconditioner makes ``u_k`` wide and its gradient noise huge; the tuned step
@@ -644,25 +645,48 @@ def equalize_noise(pre: Preconditioner, variance: Array) -> tuple[Preconditioner
     Laplace approximation fits, the noise is about the same in every coordinate (``N/n`` in ``u``) and nothing
     changes.
 
+    ``floor``: at the start, the noise at which the tuned step size reaches its cap (:func:`capped_noise`). The start's
+    probe measures minibatch noise alone, at one point: shrinking a coordinate to a level below the floor gains the
+    others nothing (their step is capped) and only slows the shrunk one; without it, nearly noiseless coordinates (a
+    network's unit switched off at a local mode: its weights' gradients vanish) set a median that collapses the
+    metric of every coordinate that carries the fit. The warm-up's windows take no floor: the noise they measure
+    along the chain also holds the change of the exact gradient between its steps, so that shrinking a coordinate
+    noisier than the others also steadies it where its curvature grows (a wall the start did not show).
+
     :return: ``(preconditioner, variance, factor)`` after the rescaling.
 
-    **Example** (one coordinate 100 times noisier than the others: its noise is brought to 4 times theirs)::
+    **Example** (one coordinate 100 times noisier than the others: its noise is brought to 4 times theirs; with a
+    floor of 100, to 100)::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc.adaptation import equalize_noise, identity
         >>> pre, v, f = equalize_noise(identity(3, dense=False, like=jnp.zeros(3)), jnp.array([10.0, 10.0, 1000.0]))
         >>> [round(x, 4) for x in v.tolist()], [round(x, 6) for x in f.tolist()]
         ([10.0, 10.0, 40.0], [1.0, 1.0, 0.2])
+        >>> equalize_noise(identity(3, dense=False, like=jnp.zeros(3)), jnp.array([10.0, 10.0, 1000.0]), 100.0)[1].tolist()
+        [10.0, 10.0, 100.0]
     """
     xp = array_namespace(variance)
     noisy = variance > 0
     count = xp.sum(xp.astype(noisy, xp.int32))
     ordered = xp.sort(xp.where(noisy, variance, xp.full_like(variance, float("inf"))))
     median = xp.take(ordered, xp.reshape(xp.maximum(count - 1, xp.zeros_like(count)) // 2, (1,)))[0]
-    limit = NOISE_SPREAD * median
+    limit = xp.maximum(NOISE_SPREAD * median, xp.asarray(floor, dtype=variance.dtype, device=device(variance)))
     factor = xp.where(noisy & (variance > limit), xp.sqrt(limit / xp.where(noisy, variance, xp.ones_like(variance))),
                       xp.ones_like(variance))  # fmt: skip
     return rescale(pre, factor), xp.multiply(variance, xp.multiply(factor, factor)), factor
+
+
+def capped_noise(target: Any, temperature: Any, max_step_size: Any) -> Any:
+    """The noise variance ``2 τ target / h_max`` at which :func:`tuned_step_size` reaches its cap ``h_max``.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.adaptation import capped_noise
+        >>> capped_noise(0.1, 1.0, 0.2)
+        1.0
+    """
+    return 2 * temperature * target / max_step_size
 
 
 #: The noise's principal axes (:func:`align_noise`) are estimated from the start's probe only when it holds at
@@ -954,6 +978,7 @@ def adapt_step(
     max_step_size: Any,
     gradient: Array | None = None,
     branch: Any = None,
+    widen: bool = True,
 ) -> tuple[AdaptState, Array]:
     """Feed the warm-up step ``step_index`` (0-based) to the adaptation: the position ``u`` it reached (in
     the current coordinates) and its noise term (:func:`ppl_sgmcmc.noise.update`).
@@ -1005,6 +1030,9 @@ def adapt_step(
     :param branch: ``branch(pred, fn, operand)``: ``fn(operand)`` if ``pred``, else ``operand``, as the backend
         branches (NumPyro's ``warmup.when``); by default both are evaluated and selected. The low-rank estimate
         (``O(SLOTS² d)``) runs through it at the end of each slow window only.
+    :param widen: whether a window may widen a coordinate (default ``True``); ``False``: only the coordinates whose
+        spread is below their scale are judged and rescaled (for a chain that jumps between modes, such as replica
+        exchange's cold chain, whose spread over the modes is no local scale, while a narrower spread still is).
     :return: ``(new state, factor)``: ``factor`` is the rescaling of ``u``'s coordinates this step applied
         (ones unless a window closed with ``adapt_mass``); a kernel re-expresses what it keeps in ``u``
         (the noise estimate, a momentum) when it is not all ones.
@@ -1054,11 +1082,13 @@ def adapt_step(
         weight = rescaling_weight(n_eff)
         # only the coordinates the window explored enough to rescale are judged
         judged = xp.logical_and(weight > 0, variance > 0)
+        if not widen:
+            judged = xp.logical_and(judged, variance < 1)
         deviation = xp.abs(xp.log(xp.where(judged, variance, one))) * xp.sqrt(n_eff / 2)
         misfit = xp.where(closes_slow, xp.max(deviation) / settle_bound(u.shape[0]), misfit)
         explored = xp.where(closes_slow, xp.min(n_eff) / MIN_EFFECTIVE, explored)
         shrunk = (xp.multiply(n_eff, variance) + SHRINKAGE) / (n_eff + SHRINKAGE)
-        proposed = xp.clip(xp.sqrt(shrunk), 1 / MAX_RESCALE, MAX_RESCALE)
+        proposed = xp.clip(xp.sqrt(shrunk), 1 / MAX_RESCALE, MAX_RESCALE if widen else 1.0)
         use = closes_slow & (weight > 0) & xp.isfinite(proposed) & (not low)  # a low-rank metric is re-estimated
         factor = xp.where(use, proposed ** xp.where(use, weight, xp.zeros_like(weight)), one)
         preconditioner = _select(xp.any(use), rescale(preconditioner, factor), preconditioner)

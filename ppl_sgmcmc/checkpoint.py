@@ -229,7 +229,7 @@ def run(
 
         result = diagnostics.verdict(mcmc, warn=False)
         reporter = getattr(kernel, "_health", None)  # none if every chunk was on disk already: the kernel never ran
-        if reporter is None or not reporter.reported:  # a failed health check already named the specific failure
+        if reporter is None or not reporter.named_failure:  # a failed health check already named the failure
             verdict.report(result, kernel.name)
 
 

@@ -495,6 +495,10 @@ class _Run(Protocol):
         ``None`` when nothing adapted."""
         ...
 
+    def final_rule_state(self) -> Any:
+        """The rule's state at the end of the run (with a leading chain axis for vectorised chains), or ``None``."""
+        ...
+
     def step_index(self) -> int:
         """The step counter of the run's final state."""
         ...
@@ -1166,8 +1170,8 @@ def verdict(mcmc: Any, *, warn: bool = True) -> "_verdict.Verdict":
     """
     run = _run_of(mcmc, "verdict")
     draws, noise_ratio, energy = run.kept()
-    result = _verdict.assess(draws, energy=energy, noise_ratio=noise_ratio,
-                             noise_limit=run.kernel.noise_ratio_limit, warmup=run.warmup_fit())  # fmt: skip
+    result = _verdict.assess(draws, energy=energy, noise_ratio=noise_ratio, noise_limit=run.kernel.noise_ratio_limit,
+                             warmup=run.warmup_fit(), advice=run.kernel.verdict_advice(run.final_rule_state()))  # fmt: skip
     if warn:
         _verdict.report(result, run.kernel.name)
     return result

@@ -37,6 +37,9 @@ PRECONDITIONER_CHANGE = 3.0
 
 #: The checks: :func:`check`'s flags, then :func:`update`'s frozen-chain and preconditioner flags.
 KINDS = ("step_size", "rejections", "runaway", "noise", "restarts", "frozen", "preconditioner")
+#: Kinds whose warning leaves the draws possibly right (the warm-up recovered): the end-of-run verdict still judges the
+#: run after them, where any other kind's warning names the run's failure and stands for the verdict.
+ADVISORY = frozenset({"restarts"})
 #: The values kept per kind (:class:`HealthState`'s ``values`` columns).
 VALUES = ("step_size", "steps", "rejected", "largest", "noise_ratio", "restarts", "since", "preconditioner_change")
 
@@ -357,6 +360,12 @@ class Reporter:
     def reset(self) -> None:
         """Forget what was reported: a new run warns again."""
         self.reported = set()
+
+    @property
+    def named_failure(self) -> bool:
+        """Whether a warning of this run named its failure (a kind not in :data:`ADVISORY`): the end-of-run verdict
+        then stays silent, since it would say less."""
+        return bool(self.reported - ADVISORY)
 
     def report(self, flags: Any, values: Any) -> None:
         """Warn for each failed check not yet reported in this run (``flags``, ``values``: a

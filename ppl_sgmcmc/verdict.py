@@ -114,6 +114,8 @@ class Verdict:
       the chains: ``(misfit, explored, rounds run again)``, or ``None`` when nothing adapted. It does not decide
       :attr:`ok` (a metric that did not settle still gives a valid kernel, only a slower one); a failed run's
       message says what it means for the fix.
+    - **advice**: the algorithm's own fixes for what its final state shows
+      (:meth:`~ppl_sgmcmc.algorithms.Algorithm.verdict_advice`), put first in a failed run's message.
     """
 
     num_chains: int
@@ -127,6 +129,7 @@ class Verdict:
     noise_ratio: float = math.nan
     noise_limit: float = math.inf
     warmup: tuple[float, float, int] | None = None
+    advice: tuple[str, ...] = ()
 
     @property
     def unmixed(self) -> bool:
@@ -170,7 +173,8 @@ class Verdict:
             >>> print(Verdict(4, 1000, 1.02, "theta[2]", 300.0, 900.0, 1.0, "radius").message("SGLD"))
             SGLD: the run is too short for reliable estimates: ...
         """
-        seen, fixes = [], []
+        seen: list[str] = []
+        fixes: list[str] = []
         if self.unmixed:
             chains = "the chains disagree" if self.num_chains > 1 else "the two halves of the chain disagree"
             seen.append(f"{chains} (R-hat {self.rhat:.3f} on {self.rhat_of}, above {RHAT_LIMIT})")
@@ -185,6 +189,7 @@ class Verdict:
                 f"of its first {DRIFT_HEAD:.0%} and its last {DRIFT_TAIL:.0%} on {self.drift_of}): burn-in is left "
                 "in the draws"
             )
+        fixes.extend(self.advice)
         if self.unmixed or self.too_few or self.drifting:
             fixes.append(self._run_longer())
             fixes.append(
@@ -359,6 +364,7 @@ def assess(
     noise_ratio: Any = None,
     noise_limit: float = math.inf,
     warmup: tuple[float, float, int] | None = None,
+    advice: tuple[str, ...] = (),
 ) -> Verdict:
     """The verdict on a run's kept draws.
 
@@ -369,6 +375,7 @@ def assess(
     :param noise_ratio: the noise ratio at each draw, ``(chains, draws)`` (NaN where not measured), or ``None``.
     :param noise_limit: the algorithm's noise-ratio limit (:attr:`~ppl_sgmcmc.algorithms.Algorithm.noise_ratio_limit`).
     :param warmup: what the warm-up's last slow window found (:attr:`Verdict.warmup`), or ``None``.
+    :param advice: the algorithm's own fixes (:attr:`Verdict.advice`).
     :raises ValueError: for draws of another shape, or fewer than 20 per chain.
     """
     x = np.asarray(draws)
@@ -409,6 +416,7 @@ def assess(
         noise_ratio=ratio,
         noise_limit=noise_limit,
         warmup=warmup,
+        advice=tuple(advice),
     )
 
 

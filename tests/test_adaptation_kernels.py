@@ -180,6 +180,41 @@ def test_the_start_is_the_mode_of_every_row_when_the_hessian_reads_fewer(backend
     assert np.sqrt(offset @ np.linalg.solve(COV, offset)) < 0.05, offset
 
 
+NET_RNG = np.random.default_rng(1)  # benchmarks/multimodal.py's network target
+NET_X = NET_RNG.normal(size=200).astype(np.float32)
+NET_Y = (np.tanh(np.outer(NET_X, [1.5, -1.0])) @ np.ones(2) + NET_RNG.normal(size=200)).astype(np.float32)
+
+
+def two_unit_network(x, y):
+    """``y = Σ_j v_j tanh(w_j x) + ε`` with two tanh units: from the teacher's weights the mode finder stops at a local
+    mode with one unit switched off (``v_j = w_j = 0``), where that unit's weights have almost no minibatch noise."""
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    v = numpyro.sample("v", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=20):
+        xb = numpyro.subsample(x, event_dim=0)
+        numpyro.sample("y", dist.Normal(jnp.tanh(xb[:, None] * w) @ v, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+def test_nearly_noiseless_coordinates_do_not_collapse_the_start_metric():
+    """The start's noise equalisation (``adaptation.equalize_noise``) shrinks no coordinate below the noise at which the
+    tuned step size reaches its cap: at a network's local mode with a unit switched off, the dead unit's nearly
+    noiseless coordinates made the median, and the metric of the live unit's weights shrank about 500-fold (a chain
+    that then hardly moved). The start metric's narrowest direction stays within 10x of the Laplace approximation's
+    (the inverse Hessian of the full-data potential at the start)."""
+    x, y = jnp.asarray(NET_X, jnp.float32), jnp.asarray(NET_Y)
+    kernel = np_backend.SGLD(two_unit_network)
+    state = kernel.init(jax.random.PRNGKey(1), 9000, {"v": jnp.ones(2), "w": jnp.array([1.5, -1.0])}, (x, y), {})
+    start = np.concatenate([np.asarray(state.z["v"]), np.asarray(state.z["w"])]).astype(np.float64)
+
+    def potential(z):  # flat in sorted site order: v, then w
+        return 0.5 * jnp.sum(z**2) + 0.5 * jnp.sum((y - jnp.tanh(x[:, None] * z[2:]) @ z[:2]) ** 2)
+
+    hessian = np.asarray(jax.hessian(potential)(jnp.asarray(start, jnp.float32)), np.float64)
+    scale = np.asarray(state.adapt_state.preconditioner.scale, np.float64)
+    assert np.min(np.abs(start[[0, 2]])) < 1e-2 or np.min(np.abs(start[[1, 3]])) < 1e-2  # a unit switched off
+    assert np.min(np.linalg.eigvalsh(scale @ scale.T)) > 0.01 / np.max(np.linalg.eigvalsh(hessian))
+
+
 LOGIT_N, LOGIT_BATCH = 2000, 100
 LOGIT_X = np.random.default_rng(5).normal(size=LOGIT_N).astype(np.float32)
 LOGIT_Y = (np.random.default_rng(6).uniform(size=LOGIT_N) < 1 / (1 + np.exp(-LOGIT_X))).astype(np.float32)

@@ -174,3 +174,27 @@ def test_array_scalars_and_booleans(backend):
         backend.SGLD(potential_fn=lambda z: 0.0, step_size=jnp.array([0.1, 0.2]))
     with pytest.raises(TypeError, match="`replace` must be True or False, got 'no'"):
         backend.SGLD(potential_fn=lambda z: 0.0, step_size=0.1, replace="no")
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_a_preconditioned_step_moves_the_position_by_its_increment(backend):
+    """A preconditioner's stored ``L`` and ``L⁻¹`` are inverses only to float32's precision. Here they are off by
+    1e-3 (``L L⁻¹ = 1.001 I``) and the step is negligible: a chain mapped back as ``θ = L u'`` would grow by 1.001 a step
+    (2.7-fold in 1000 steps; a 1e-6 error does the same over millions of steps, the chains' divergence at N = 1e6), one
+    moved by ``L (u' - u)`` stays put."""
+    from ppl_sgmcmc.adaptation import Preconditioner
+
+    L = np.array([[2.0, 0.0], [1.0, 0.5]], np.float32)
+    pre = Preconditioner(L, np.linalg.inv(L) * np.float32(1.001))
+    kernel = backend.SGNHT(potential_fn=(lambda z: 0.5 * (z["x"] ** 2).sum()), step_size=1e-9, inverse_mass_matrix=pre)
+    if backend is np_backend:
+        mcmc = MCMC(kernel, num_warmup=0, num_samples=1000, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.array([1.0, -1.0])})
+        last = np.asarray(mcmc.get_samples()["x"][-1])
+    else:
+        pyro.set_rng_seed(0)
+        mcmc = pyro.infer.MCMC(kernel, warmup_steps=0, num_samples=1000, initial_params={"x": torch.tensor([1.0, -1.0])},
+                               disable_progbar=True)  # fmt: skip
+        mcmc.run()
+        last = mcmc.get_samples()["x"][-1].numpy()
+    np.testing.assert_allclose(last, [1.0, -1.0], atol=1e-4)

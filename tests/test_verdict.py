@@ -109,6 +109,14 @@ def test_message_names_the_failures_and_the_fixes():
     assert not short.severe and short.message("SGLD").startswith(f"SGLD: {verdict.SHORT}: ")
 
 
+def test_the_algorithms_advice_comes_first_and_only_for_a_failed_run():
+    rng = np.random.default_rng(0)
+    advice = ("anchor_every='epoch': the ladder collapsed",)
+    failed = verdict.assess(rng.normal(size=(4, 1000, 3)) * 0.1 + np.arange(4.0)[:, None, None], advice=advice)
+    assert not failed.ok and failed.message("ReSGLD").split("Try: ")[1].startswith(advice[0])
+    assert verdict.assess(rng.normal(size=(4, 1000, 3)), advice=advice).ok
+
+
 def test_draws_without_a_finite_coordinate_fail():
     x = np.random.default_rng(0).normal(size=(2, 100, 2))
     x[0, 5] = np.nan
@@ -245,3 +253,21 @@ def test_an_optimiser_is_not_judged():
         mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones(2)})
     assert verdicts(caught) == [] and mcmc.last_verdict is None
 
+
+
+def test_an_advisory_health_warning_leaves_the_verdict_to_judge(monkeypatch):
+    """A warm-up that ran off and recovered (``restarts``, :data:`ppl_sgmcmc.health.ADVISORY`) says to check the
+    chains' agreement: the verdict still judges the run and warns when it fails (a run too short for the posterior)."""
+    from ppl_sgmcmc import health
+
+    monkeypatch.setattr(health, "failures", lambda kernel, flags, values: {"restarts": f"{kernel}: ran off (advisory)"})
+    short = MCMC(SGLD(potential_fn=gaussian, step_size=0.005), num_warmup=10, num_samples=200, progress_bar=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        short.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)})
+    assert any("ran off (advisory)" in str(w.message) for w in caught) and len(verdicts(caught)) == 1
+    reporter = health.Reporter("SGLD")
+    reporter.reported = {"restarts"}
+    assert not reporter.named_failure
+    reporter.reported.add("rejections")
+    assert reporter.named_failure

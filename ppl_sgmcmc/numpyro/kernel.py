@@ -503,6 +503,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                              "potential_fn takes.")
         self._check_dimension(self._target, flat.shape[0])
         self._epoch_steps = None if self._model is None else self._epoch_length(self._target)
+        self._anchor_steps = None if self._model is None else self._anchor_length(self._target)
         self._stream_block = getattr(self._target, "stream_block", None)
         if self.rule.NEEDS == "per_example":  # one eager minibatch near the start (SGFS's Fisher)
             if traced:
@@ -945,10 +946,22 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             lambda x: self._gradient(x, batch, model_args, model_kwargs),
             state.i,
         )
+        start_rule_state = state.rule_state
+        if self._anchor_steps is not None:  # the rule's anchors at full-data energies (replica exchange)
+            data, merge = split_arrays((model_args, model_kwargs))
+
+            def anchor(rule_state, args):
+                x, adapt_state, data = args
+                return self._anchor(
+                    rule_state, x, adapt_state, lambda z: self._target.full_gradient(z, self._unravel, *merge(data)).energy
+                )
+
+            due = state.i % self._anchor_steps == 0
+            start_rule_state = warmup.when(due, anchor, start_rule_state, (flat, state.adapt_state, data))
         noise_draw = random.normal(prng.unrolled(key_noise), self.noise_shape(flat.shape[0]), flat.dtype)
         step_size = jnp.asarray(self.step_size_in(state.adapt_state, state.i), flat.dtype)
         new_flat, rule_state, gradient, at_start = self._move(
-            flat, state.rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state
+            flat, start_rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state
         )
         # a non-finite gradient reaches the new position through every rule
         finite = _all_finite((gradient.energy, new_flat, rule_state)) & (step_size > 0)
@@ -960,7 +973,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             safe_flat = finite_position
             finite_position = jnp.where(finite, flat, finite_position)
         keep = partial(jnp.where, finite)
-        kept_rule_state = state.rule_state
+        kept_rule_state = start_rule_state
         like = jax.ShapeDtypeStruct(flat.shape, flat.dtype)  # of a normal draw made in a branch only
         if has_momentum(kept_rule_state) and self._accelerated:  # the redraw, kept where the step was rejected
             refreshed = refresh_momentum(kept_rule_state, _refresh_noise(key_noise, like), self.temperature_at(state.i))

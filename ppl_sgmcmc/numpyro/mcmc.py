@@ -111,7 +111,7 @@ class MCMC(numpyro.infer.MCMC):
             kernel.report_health(state)
         if self._judged(kernel, phase):
             self.last_verdict = diagnostics.verdict(self, warn=False)
-            if not kernel._health.reported:  # a failed health check already named the run's specific failure
+            if not kernel._health.named_failure:  # a failed health check already named the run's failure
                 _verdict.report(self.last_verdict, kernel.name)
 
     def _judged(self, kernel: SGMCMCKernel, phase: str | None) -> bool:

@@ -240,6 +240,10 @@ class RunView:
             return None
         return float(np.max(adapt.misfit)), float(np.min(adapt.explored)), int(np.max(adapt.rounds))
 
+    def final_rule_state(self) -> Any:
+        """The rule's final state (a leading chain axis for several chains)."""
+        return self.mcmc.last_state.rule_state
+
     def step_index(self) -> int:
         """The step counter of the final state (the chains count their steps together)."""
         return int(np.asarray(self.mcmc.last_state.i).reshape(-1)[0])

@@ -507,6 +507,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             target.set_layout(self._initial_params)
         self._check_dimension(target, target.layout.size)
         self._epoch_steps = None if self._model is None else self._epoch_length(target)
+        self._anchor_steps = None if self._model is None else self._anchor_length(target)
         if self.rule.NEEDS == "per_example":  # one minibatch near the start (SGFS's Fisher)
             flat = _floating(target.layout.ravel(self._initial_params))
             generator = torch.Generator().manual_seed(0)
@@ -641,6 +642,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         grad_fn, gradient_state = self._estimator.estimate(
             gradient_state, flat, lambda x: self._target.gradient(x, batch, self._score_kind), state.i
         )
+        if self._anchor_steps is not None and state.i % self._anchor_steps == 0:  # the rule's anchors (replica exchange)
+            state = state._replace(
+                rule_state=self._anchor(state.rule_state, flat, state.adapt_state, self._target.full_energy)
+            )
+            self._state = state
         step_size = self._fixed_step_size
         if step_size is None:
             step_size = float(self.step_size_in(state.adapt_state, state.i))
@@ -912,8 +918,9 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             return
         ratios = self._records.get("noise_ratio")
         result = verdict.assess(self._kept.draws(), noise_ratio=None if ratios is None else [ratios],
-                                noise_limit=self.noise_ratio_limit)  # fmt: skip
-        if not self._health.reported:  # a failed health check already named the chain's specific failure
+                                noise_limit=self.noise_ratio_limit,
+                                advice=self.verdict_advice(self._state.rule_state))  # fmt: skip
+        if not self._health.named_failure:  # a failed health check already named the chain's failure
             verdict.report(result, self.name, stacklevel=3)
 
     def _normal(self, like, shape=None, generator=None):

@@ -699,6 +699,12 @@ class ModelTarget:
             grad = _grad(prior, x) + grad_data
         return StochasticGradient((prior + data).detach(), grad, -grad_data / self.data_size)
 
+    def full_energy(self, flat):
+        """``U`` at ``flat`` on the *full* data (as :meth:`full_gradient`, without the gradient)."""
+        with torch.no_grad():
+            density = self._run(flat, {}, self.model_args, self.model_kwargs, full=True)
+            return -(_total(density.prior, flat) + density.log_det) - _total(density.data, flat)
+
     def _eager_gradient(self, flat, batch, with_score):
         return StochasticGradient(*self._value_and_grad(flat, batch, self.model_args, self.model_kwargs, with_score))
 

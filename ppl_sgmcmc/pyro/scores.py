@@ -259,6 +259,11 @@ class RunView:
         adapt = last.state.adapt_state
         return float(adapt.misfit), float(adapt.explored), int(adapt.rounds)
 
+    def final_rule_state(self) -> Any:
+        """The last chain's final rule state, or ``None`` when the kernel's last state is not this run's."""
+        last = self._final()
+        return None if last is None else last.state.rule_state
+
     def step_index(self) -> int:
         """The step counter of the last chain's final state."""
         return int(self._final_required().state.i)

@@ -43,6 +43,23 @@ SGLD, ``θ + h p`` for Euler, ``θ + (h/2) p`` for the splitting integrator) and
    Only positions move between slots: the momenta stay at their temperatures, where they are
    ``N(0, τ_k I)`` and independent of the positions, so the swap's ratio has no kinetic term.
 
+**Variance-reduced energies** (Deng, Feng, Karagiannis, Lin & Liang, "Accelerating Convergence of Replica Exchange
+Stochastic Gradient MCMC via Variance Reduction", ICLR 2021). The noise of ``Ũ_k - Ũ_{k+1}`` grows with the
+distance between the replicas, so the correction of distant replicas (in different modes) all but stops their
+swaps. With anchors, each walker carries a point ``a`` where its full-data energy ``U(a)`` was computed (the kernel
+sets every slot's anchor at its position every few steps, :func:`anchor`), and the swap reads the control-variate
+estimate on the step's minibatch::
+
+    Û_k = Ũ_t(y_k) - Ũ_t(a_k) + U(a_k)
+
+unbiased for ``U(y_k)``, whose noise is the gradient noise along ``y_k - a_k``: the difference of a pair has noise
+variance ``ŝ²_k = Σ_j V̂_j ((y_k - a_k) - (y_{k+1} - a_{k+1}))_j²``, which stays small while each walker stays near
+its anchor, wherever the two walkers are. The anchors travel with their walkers through the swaps. The paper's
+``σ²`` is estimated by stochastic approximation; here, as above, from ``V̂`` at the step's offsets. A state whose
+anchors are not set (``anchored`` false: before the first :func:`anchor`, or after a restart in new coordinates)
+swaps on the plain estimates. Each anchored step costs ``K`` more minibatch energies, and each :func:`anchor` ``K``
+full-data energies.
+
 **Ladder.** ``ladder`` is given, or adapted while ``count < adaptation_steps`` (the warm-up) by stochastic
 approximation of each pair's swap probability towards ``target_swap_rate``:
 ``log(τ_{k+1}/τ_k) ← log(τ_{k+1}/τ_k) + γ_t (min(1, S̃_k) - target)``, ``γ_t = (t + 10)^{-0.6}``, the ratio kept in
@@ -95,6 +112,8 @@ class ReplicaState(NamedTuple):
     - **swapped**: whether pair ``k`` swapped in the last step, ``(K-1,)`` (bool).
     - **swaps**: the number of swaps of each pair so far, ``(K-1,)`` (int32).
     - **walkers**: which walker (its starting slot) is in each slot, ``(K,)`` (int32).
+    - **anchors**, **anchor_energies**: each slot's anchor ``a_k`` ``(K, d)`` and full-data energy ``U(a_k)``
+      ``(K,)`` (variance-reduced energies; ``None`` without); **anchored**: whether they are set (a boolean scalar).
 
     **Example**::
 
@@ -118,6 +137,9 @@ class ReplicaState(NamedTuple):
     swapped: Array
     swaps: Array
     walkers: Array
+    anchors: Array | None = None
+    anchor_energies: Array | None = None
+    anchored: Array | None = None
 
 
 def noise_shape(dim: int, num_replicas: int) -> tuple[int, int]:
@@ -154,7 +176,7 @@ def _rows(noise, num_replicas, dim):
     return noise
 
 
-def init(position, noise, num_replicas, ladder=None, integrator="langevin", temperature=1.0):
+def init(position, noise, num_replicas, ladder=None, integrator="langevin", temperature=1.0, anchored=False):
     """Every slot at ``position``; momenta ``p_k ~ N(0, τ_k I)`` from the rows of ``noise`` (SGHMC).
 
     :param position: the chain's start ``θ_0``, a flat array; the hot slots start there too.
@@ -163,6 +185,7 @@ def init(position, noise, num_replicas, ladder=None, integrator="langevin", temp
     :param ladder: ``τ_k / τ`` (``K`` increasing values from 1), or ``None``: :func:`initial_ladder`.
     :param integrator: ``"langevin"`` (SGLD, default), ``"euler"`` or ``"splitting"`` (SGHMC).
     :param temperature: ``τ``, the cold slot's (default 1).
+    :param anchored: whether the state holds anchors for variance-reduced energies (not set until :func:`anchor`).
     :return: :class:`ReplicaState`.
 
     **Example** (SGHMC: the hot slot's momentum has variance ``τ_1 = 4``)::
@@ -199,7 +222,37 @@ def init(position, noise, num_replicas, ladder=None, integrator="langevin", temp
         swapped=zeros > 0,
         swaps=xp.zeros((k - 1,), dtype=xp.int32, device=dev),
         walkers=xp.arange(k, dtype=xp.int32, device=dev),
+        anchors=points + 0 if anchored else None,
+        anchor_energies=xp.zeros((k,), dtype=dtype, device=dev) if anchored else None,
+        anchored=xp.asarray(False, device=dev) if anchored else None,
     )
+
+
+def anchor(state: ReplicaState, points: Array, energies: Array) -> ReplicaState:
+    """``state`` with every slot's anchor at ``points`` (``(K, d)``: the slots' positions, slot 0 the chain's) and
+    their full-data energies ``energies`` (``(K,)``): the variance-reduced energies' control variates (module
+    docstring).
+
+    **Example** (the swap then reads ``Ũ_t(y) - Ũ_t(a) + U(a)``, here exact, whatever the minibatch's noise ``b x``:
+    the slots swap, as their exact energies ``U = 2`` and ``0.5`` ask; the plain estimates ``-8`` and ``-4.5`` would
+    not have swapped them)::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import StochasticGradient, replica
+        >>> b = -5.0  # Ũ_t(x) = x²/2 + b x, U(x) = x²/2
+        >>> def grad_fn(x):
+        ...     return StochasticGradient(energy=(x * x).sum() / 2 + b * x.sum(), grad=x + b, score=None)
+        >>> state = replica.init(jnp.array([2.0]), jnp.zeros((2, 3)), num_replicas=2, ladder=[1.0, 2.0], anchored=True)
+        >>> points = jnp.array([[2.0], [1.0]])
+        >>> state = state._replace(replicas=points[1:], count=jnp.asarray(replica.MIN_TERMS))
+        >>> state = replica.anchor(state, points, jnp.array([2.0, 0.5]))
+        >>> _, state, _ = replica.step(jnp.array([2.0]), state, grad_fn, jnp.zeros((2, 3)), 0.1, num_replicas=2)
+        >>> bool(state.anchored), state.walkers.tolist(), float(state.energy_variance[0])
+        (True, [1, 0], 0.0)
+    """
+    xp = array_namespace(points)
+    return state._replace(anchors=points, anchor_energies=xp.astype(energies, points.dtype),
+                          anchored=xp.asarray(True, device=device(points)))  # fmt: skip
 
 
 def log_swap_ratio(energy_low, energy_high, temperature_low, temperature_high, variance, correction_factor=1.0):
@@ -285,8 +338,14 @@ def step(
         grads = xp.stack([g.grad for g in gradients])
         noise_variance = _gradient_noise(xp, state, grads)
         ready = (state.count >= MIN_TERMS) | (energy_variance is not None)
+        offsets = points  # what the energy noise is linear in: the points, or their offsets from the anchors
+        swap_energies = energies
+        if state.anchors is not None:
+            at_anchors = xp.stack([xp.astype(xp.asarray(grad_fn(state.anchors[j]).energy), dtype) for j in range(k)])
+            swap_energies = xp.where(state.anchored, energies - at_anchors + state.anchor_energies, energies)
+            offsets = xp.where(state.anchored, points - state.anchors, points)
         order, probability, swapped, variance = _swaps(
-            xp, energies, points, noise_variance, energy_variance, taus, correction_factor, noise, ready
+            xp, swap_energies, offsets, noise_variance, energy_variance, taus, correction_factor, noise, ready
         )
         found.update(points=points, order=order, grads=grads, noise_variance=noise_variance, variance=variance,
                      probability=probability, swapped=swapped)  # fmt: skip
@@ -333,6 +392,9 @@ def step(
         swapped=swapped,
         swaps=state.swaps + xp.astype(swapped, xp.int32),
         walkers=xp.take(state.walkers, order, axis=0),
+        anchors=None if state.anchors is None else xp.take(state.anchors, order, axis=0),
+        anchor_energies=None if state.anchors is None else xp.take(state.anchor_energies, order, axis=0),
+        anchored=state.anchored,
     )
     return moved[0], new_state, found["cold"]
 
@@ -346,16 +408,17 @@ def _gradient_noise(xp, state, grads):
     return xp.where(counted, state.gradient_noise + weight * (term - state.gradient_noise), state.gradient_noise)
 
 
-def _swaps(xp, energies, points, noise_variance, energy_variance, taus, correction_factor, noise, ready):
+def _swaps(xp, energies, offsets, noise_variance, energy_variance, taus, correction_factor, noise, ready):
     """The sweep of swaps over the pairs ``(0, 1), ..., (K-2, K-1)``: ``(order, probabilities, swapped, ŝ²)``; slot
-    ``j`` ends up with the point of slot ``order[j]``."""
-    k, dim = points.shape
+    ``j`` ends up with the point of slot ``order[j]``. ``offsets``: each slot's point, or its offset from its anchor
+    (what the energy's noise is linear in)."""
+    k, dim = offsets.shape
     order = xp.arange(k, device=device(energies))
     slots = order
     probabilities, swapped, variances = [], [], []
     exponential = (noise[:, dim] ** 2 + noise[:, dim + 1] ** 2) / 2  # -log u, u ~ U(0, 1)
     for j in range(k - 1):
-        current, at = xp.take(energies, order, axis=0), xp.take(points, order, axis=0)
+        current, at = xp.take(energies, order, axis=0), xp.take(offsets, order, axis=0)
         if energy_variance is None:
             delta = at[j] - at[j + 1]
             variance = xp.sum(noise_variance * delta * delta)

@@ -14,7 +14,7 @@ import pytest
 from numpyro.infer import MCMC
 
 from ppl_sgmcmc import checkpoint
-from ppl_sgmcmc.numpyro import CSGLD, SGLD, SGNHT
+from ppl_sgmcmc.numpyro import CSGLD, SGLD, SGNHT, ReSGLD
 from tests.numpyro.conftest import logistic_model
 
 OPTIONS = dict(num_warmup=10, num_samples=40, progress_bar=False)
@@ -98,6 +98,27 @@ def test_csgld_with_an_auto_grid_resumes_bit_for_bit(logistic_data, tmp_path):
     checkpoint.run(resumed, jax.random.PRNGKey(2), *logistic_data, checkpoint=tmp_path, checkpoint_every=20)
     assert_same_run(resumed, whole)  # log_weight and partition included
     assert np.all(np.isfinite(resumed.last_state.energy_gap))
+
+
+@pytest.mark.slow
+def test_replica_exchange_with_anchors_resumes_bit_for_bit(logistic_data, tmp_path):
+    """ReSGLD adapts its ladder in the warm-up (the first chunk) and carries its hot replica, the anchors of its
+    variance-reduced energies and the swap statistics in its state: a new kernel resuming with the second chunk
+    continues the same chain."""
+    make = lambda: MCMC(ReSGLD(logistic_model, step_size=1e-3, anchor_every=5), **OPTIONS)  # noqa: E731
+    fields = ("swap_probability", "num_swaps", "cold_replica")
+    whole = make()
+    whole.run(jax.random.PRNGKey(3), *logistic_data, extra_fields=fields)
+    mcmc = make()
+    interrupt_after(mcmc, 1)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.run(mcmc, jax.random.PRNGKey(3), *logistic_data, extra_fields=fields, checkpoint=tmp_path,
+                       checkpoint_every=20)  # fmt: skip
+    resumed = make()
+    checkpoint.run(resumed, jax.random.PRNGKey(3), *logistic_data, extra_fields=fields, checkpoint=tmp_path,
+                   checkpoint_every=20)  # fmt: skip
+    assert_same_run(resumed, whole)
+    assert bool(resumed.last_state.rule_state.anchored) and int(resumed.last_state.swaps[0]) > 0
 
 
 def test_arguments_are_checked(tmp_path):

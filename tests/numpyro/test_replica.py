@@ -24,7 +24,9 @@ import numpyro.distributions as dist
 import pytest
 import scipy.stats
 
+from ppl_sgmcmc import adaptation
 from ppl_sgmcmc.numpyro import MCMC, SGLD, ReSGHMC, ReSGLD
+from ppl_sgmcmc.rules import replica
 from tests.helpers import K_SIGMA, mean_and_mcse
 
 LEFT = 0.3 * scipy.stats.norm.cdf(5) + 0.7 * scipy.stats.norm.cdf(-5)  # exact P(x < 0)
@@ -71,18 +73,23 @@ def normal_mean(y):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", [ReSGLD, ReSGHMC])
-def test_gaussian_posterior_with_minibatch_energies(kernel):
+@pytest.mark.parametrize(("kernel", "anchor_every"), [(ReSGLD, None), (ReSGHMC, None), (ReSGLD, "epoch")])
+def test_gaussian_posterior_with_minibatch_energies(kernel, anchor_every):
     y = jnp.asarray(np.random.default_rng(0).normal(1.5, 1.0, N), jnp.float32)
     precision = N + 1 / PRIOR_SD**2
     mean, var = float(y.sum()) / precision, 1 / precision
     # a fixed ladder: with minibatch energies the corrected swap rate falls with a² ŝ², and an adapted ladder
     # shrinks towards τ_1 = τ to keep its target rate (see the algorithm page)
-    kernel = kernel(normal_mean, steps_per_sample=5, temperatures=(1.0, 2.0))
-    mcmc = MCMC(kernel, num_warmup=500, num_samples=4000, progress_bar=False)
+    kernel = kernel(normal_mean, steps_per_sample=5, temperatures=(1.0, 2.0), anchor_every=anchor_every)
+    # the anchored swaps are frequent: one chain's ESS then counts the fast switching between the two walkers and
+    # misses their slow drift (over 8 seeds, single-chain z-scores of the mean had sd 2.1), so 4 chains, whose spread
+    # the multi-chain ESS reads
+    chains = 1 if anchor_every is None else 4
+    mcmc = MCMC(kernel, num_warmup=500, num_samples=4000 // chains, num_chains=chains, chain_method="vectorized",
+                progress_bar=False)  # fmt: skip
     mcmc.run(jax.random.PRNGKey(1), y)
     mu = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"], np.float64)
-    state = mcmc.last_state
+    state = jax.tree.map(lambda a: a[0] if chains > 1 else a, mcmc.last_state)
     estimate, mcse = mean_and_mcse(mu)
     assert abs(estimate - mean) < K_SIGMA * mcse
     centred = (mu - mean) ** 2
@@ -129,6 +136,9 @@ def test_vectorized_chains():
         (dict(correction_factor=0.0), "correction_factor"),
         (dict(target_swap_rate=1.5), "target_swap_rate"),
         (dict(cycle_length=10), "cycle_length"),
+        (dict(anchor_every="often"), "anchor_every"),
+        (dict(anchor_every=0), "anchor_every"),
+        (dict(anchor_every=10, energy_variance=1.0), "anchor_every"),
     ],
 )
 def test_errors_name_the_argument(kwargs, message):
@@ -143,3 +153,49 @@ def test_exact_energies_swap_uncorrected():
     kernel.init(jax.random.PRNGKey(0), 10, {"x": jnp.asarray(5.0)})
     assert kernel.hyperparameters()["energy_variance"] == 0.0
     assert math.isfinite(kernel.hyperparameters()["correction_factor"])
+
+
+def test_anchors_need_a_subsampled_plate():
+    kernel = ReSGLD(potential_fn=mixture, step_size=0.1, anchor_every=10)
+    with pytest.raises(ValueError, match="anchor_every"):
+        kernel.init(jax.random.PRNGKey(0), 10, {"x": jnp.asarray(5.0)})
+
+
+def full_energy(mu, y):
+    """``U(μ)`` of :func:`normal_mean` on all of ``y``."""
+    return float(-scipy.stats.norm.logpdf(mu, 0.0, PRIOR_SD) - scipy.stats.norm.logpdf(np.asarray(y, np.float64), mu,
+                                                                                        1.0).sum())  # fmt: skip
+
+
+def test_anchors_hold_the_full_data_energy_at_their_points():
+    """``anchor_every``: after a run, every replica's anchor is a point of the
+    chain (in the preconditioned coordinates) whose anchor energy is the full-data potential there, and the swaps'
+    ``ŝ²`` is the noise along the offsets from the anchors: far below the plain estimate's for replicas this far
+    apart."""
+    y = jnp.asarray(np.random.default_rng(0).normal(1.5, 1.0, N), jnp.float32)
+    kernel = ReSGLD(normal_mean, temperatures=(1.0, 50.0), anchor_every=N // BATCH)
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=100, progress_bar=False, verdict=False)
+    mcmc.run(jax.random.PRNGKey(2), y)
+    rule, pre = mcmc.last_state.rule_state, mcmc.last_state.adapt_state.preconditioner
+    assert bool(rule.anchored)
+    for anchor, energy in zip(rule.anchors, rule.anchor_energies):
+        mu = float(adaptation.to_theta(pre, anchor)[0])
+        assert float(energy) == pytest.approx(full_energy(mu, y), rel=1e-5)
+    offsets = rule.points - rule.anchors
+    plain = float(jnp.sum(rule.gradient_noise * (rule.points[0] - rule.points[1]) ** 2))
+    assert float(jnp.sum(rule.gradient_noise * (offsets[0] - offsets[1]) ** 2)) < plain
+
+
+@pytest.mark.parametrize(
+    ("ladder", "noise", "fix"),
+    [((1.0, 1.14), 215.0, "anchor_every="), ((1.0, 1.14), 0.0, "more replicas"), ((1.0, 1.8), 215.0, None)],
+)
+def test_a_collapsed_ladder_is_named_in_the_verdicts_advice(ladder, noise, fix):
+    """An adapted two-replica ladder in 4 coordinates starts at (1, 2): at 1.14 it collapsed, and the advice names the
+    noise correction's fix when ``a² ŝ²/2`` at the starting ratio exceeds 1, else more replicas; 1.8 did not collapse;
+    a given ladder is the user's (no advice)."""
+    state = jax.tree.map(lambda a: a[None], replica.init(jnp.zeros(4), jnp.zeros((2, 6)), num_replicas=2))  # a chain axis
+    state = state._replace(ladder=jnp.asarray([ladder]), energy_variance=jnp.full((1, 1), noise))
+    advice = ReSGLD(potential_fn=mixture).verdict_advice(state)
+    assert (advice == ()) if fix is None else (len(advice) == 1 and advice[0].startswith(fix))
+    assert ReSGLD(potential_fn=mixture, temperatures=ladder).verdict_advice(state) == ()

@@ -206,3 +206,55 @@ def test_jax_and_torch_agree():
         out.append([np.asarray(position), np.asarray(state.replicas), np.asarray(state.walkers)])
     for a, b in zip(*out):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_anchored_swaps_read_the_exact_energies_whatever_the_minibatch():
+    """Variance-reduced energies (Deng et al., ICLR 2021): two slots at their anchors, whose full-data energies are
+    exact, under a minibatch noise ``b_t·x`` of sd 3 per coordinate that the plain estimates carry: ``Ũ_t(y) - Ũ_t(a) +
+    U(a)`` is exact, ``ŝ² = 0``, and the swap is accepted with the Metropolis probability of the exact energies, to its
+    binomial error; the anchors (and their energies) travel with their walkers."""
+    energies = jnp.array([1.0, 2.5])
+    points = jnp.array([[0.0], [1.0]])
+    state = replica.anchor(two_slots()._replace(anchors=points, anchor_energies=jnp.zeros(2), anchored=False),
+                           points, energies)  # fmt: skip
+
+    def attempt(key):
+        key_noise, key_batch = jax.random.split(key)
+        b = 3.0 * jax.random.normal(key_batch)
+
+        def grad_fn(x):  # the exact energy at the slots' points, plus the minibatch's noise b x
+            return StochasticGradient(energy=jnp.where(x[0] < 0.5, energies[0], energies[1]) + b * x[0],
+                                      grad=jnp.zeros_like(x), score=None)  # fmt: skip
+
+        _, new, _ = replica.step(jnp.zeros(1), state, grad_fn, jax.random.normal(key_noise, (2, 3)), 1e-3,
+                                 num_replicas=2)  # fmt: skip
+        return new.swapped[0], new.energy_variance[0], new.anchors[:, 0], new.anchor_energies
+
+    swapped, variance, anchors, anchor_energies = jax.vmap(attempt)(jax.random.split(jax.random.PRNGKey(5), DRAWS))
+    exact = math.exp(A * (1.0 - 2.5))
+    frequency = float(np.mean(swapped))
+    assert abs(frequency - exact) < K_SIGMA * binomial_se(exact), (frequency, exact)
+    assert float(jnp.max(jnp.abs(variance))) == 0.0
+    swapped = np.asarray(swapped)
+    np.testing.assert_array_equal(np.asarray(anchors)[swapped], np.tile([1.0, 0.0], (int(swapped.sum()), 1)))
+    np.testing.assert_array_equal(np.asarray(anchor_energies)[~swapped], np.tile([1.0, 2.5], (int((~swapped).sum()), 1)))
+
+
+def test_anchored_energy_variance_is_the_noise_along_the_offsets_from_the_anchors():
+    """With anchors, ``ŝ² = Σ V̂ ((y_0 - a_0) - (y_1 - a_1))²``: two replicas 4 apart, each 0.1 from its anchor, have
+    the variance of replicas 0.2 apart, not 4; unset anchors (``anchored`` false) give the plain ``Σ V̂ (y_0 - y_1)²``."""
+    state = replica.init(jnp.zeros(1), jnp.zeros((2, 3)), num_replicas=2, ladder=TAUS, anchored=True)
+    state = state._replace(replicas=jnp.full((1, 1), 4.0), count=jnp.asarray(1000, jnp.int32),
+                           gradient_noise=jnp.ones(1), points=jnp.array([[0.0], [4.0]]))  # fmt: skip
+    anchored = replica.anchor(state, jnp.array([[-0.1], [4.1]]), jnp.zeros(2))
+
+    def grad_fn(x):
+        return StochasticGradient(energy=jnp.sum(x), grad=jnp.zeros_like(x), score=None)
+
+    def variance(state):
+        _, new, _ = replica.step(jnp.zeros(1), state, grad_fn, jnp.zeros((2, 3)), 1e-6, num_replicas=2)
+        return float(new.energy_variance[0])
+
+    noise = float(replica.step(jnp.zeros(1), state, grad_fn, jnp.zeros((2, 3)), 1e-6, num_replicas=2)[1].gradient_noise[0])
+    assert variance(anchored) == pytest.approx(noise * 0.2**2, rel=1e-5)
+    assert variance(state) == pytest.approx(noise * 4.0**2, rel=1e-5)
