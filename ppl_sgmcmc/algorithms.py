@@ -2319,9 +2319,9 @@ class ReSGLD(Algorithm[replica_rule.ReplicaState]):
     ``adapt_mass_matrix``, in its preconditioned coordinates: the replicas share the metric. A hot replica's target
     is ``exp(-U/τ_k)``, wider than the posterior; it crosses the barriers between modes that the cold chain does not,
     and a swap hands the cold chain its position. ``K = 2`` replicas double the gradients of a step. The
-    preconditioner is the Laplace approximation at the chain's start (after ``find_mode``): the warm-up's windows do
-    not rescale it by the spread of the draws, which for a chain that swaps between modes is the modes' spread, far
-    wider than the local scale that bounds the step size.
+    preconditioner is the Laplace approximation at the chain's start (after ``find_mode``), which the warm-up's
+    windows narrow where the draws spread less but never widen (:attr:`widens_mass`): for a chain that swaps between
+    modes the draws' spread is the modes', far wider than the local scale that bounds the step size.
 
     **Variance-reduced energies** (Deng, Feng, Karagiannis, Lin & Liang, "Accelerating Convergence of Replica Exchange
     Stochastic Gradient MCMC via Variance Reduction", ICLR 2021). The minibatch noise of ``Ũ_k - Ũ_{k+1}`` grows with
