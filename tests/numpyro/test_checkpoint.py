@@ -83,19 +83,26 @@ def test_interrupted_run_resumes_bit_for_bit_with_vectorized_chains(logistic_dat
     assert sorted(tmp_path.iterdir()) == [tmp_path / name for name in names]  # no pickle, one state
 
 
+def resumed_and_whole(make, key, data, tmp_path, **kwargs):
+    """``(resumed, whole)``: a run of ``make()`` interrupted during its second chunk of 20 draws and resumed by a new
+    ``make()`` from the checkpoint, and one uninterrupted run, with the same key, data and ``run`` arguments."""
+    whole = make()
+    whole.run(jax.random.PRNGKey(key), *data, **kwargs)
+    mcmc = make()
+    interrupt_after(mcmc, 1)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.run(mcmc, jax.random.PRNGKey(key), *data, checkpoint=tmp_path, checkpoint_every=20, **kwargs)
+    resumed = make()
+    checkpoint.run(resumed, jax.random.PRNGKey(key), *data, checkpoint=tmp_path, checkpoint_every=20, **kwargs)
+    return resumed, whole
+
+
 @pytest.mark.slow
 def test_csgld_with_an_auto_grid_resumes_bit_for_bit(logistic_data, tmp_path):
     """CSGLD calibrates its energy grid during the warm-up (the first chunk); a new kernel resuming the chain with
     the second chunk continues with that grid, ``θ`` and the chain's warm-up windows."""
     make = lambda: MCMC(CSGLD(logistic_model, step_size=1e-3, num_partitions=10), **OPTIONS)  # noqa: E731
-    whole = make()
-    whole.run(jax.random.PRNGKey(2), *logistic_data)
-    mcmc = make()
-    interrupt_after(mcmc, 1)
-    with pytest.raises(KeyboardInterrupt):
-        checkpoint.run(mcmc, jax.random.PRNGKey(2), *logistic_data, checkpoint=tmp_path, checkpoint_every=20)
-    resumed = make()
-    checkpoint.run(resumed, jax.random.PRNGKey(2), *logistic_data, checkpoint=tmp_path, checkpoint_every=20)
+    resumed, whole = resumed_and_whole(make, 2, logistic_data, tmp_path)
     assert_same_run(resumed, whole)  # log_weight and partition included
     assert np.all(np.isfinite(resumed.last_state.energy_gap))
 
@@ -107,16 +114,7 @@ def test_replica_exchange_with_anchors_resumes_bit_for_bit(logistic_data, tmp_pa
     continues the same chain."""
     make = lambda: MCMC(ReSGLD(logistic_model, step_size=1e-3, anchor_every=5), **OPTIONS)  # noqa: E731
     fields = ("swap_probability", "num_swaps", "cold_replica")
-    whole = make()
-    whole.run(jax.random.PRNGKey(3), *logistic_data, extra_fields=fields)
-    mcmc = make()
-    interrupt_after(mcmc, 1)
-    with pytest.raises(KeyboardInterrupt):
-        checkpoint.run(mcmc, jax.random.PRNGKey(3), *logistic_data, extra_fields=fields, checkpoint=tmp_path,
-                       checkpoint_every=20)  # fmt: skip
-    resumed = make()
-    checkpoint.run(resumed, jax.random.PRNGKey(3), *logistic_data, extra_fields=fields, checkpoint=tmp_path,
-                   checkpoint_every=20)  # fmt: skip
+    resumed, whole = resumed_and_whole(make, 3, logistic_data, tmp_path, extra_fields=fields)
     assert_same_run(resumed, whole)
     assert bool(resumed.last_state.rule_state.anchored) and int(resumed.last_state.swaps[0]) > 0
 
