@@ -75,6 +75,8 @@ LABELS = {"sgnht": "SGNHT defaults", "sgld": "SGLD defaults", "sgnht_cv": 'SGNHT
           "sgld_cv": 'SGLD, `gradient="control_variates"`', "nuts": "NUTS hands-off",
           "nuts_map": "NUTS, MAP start + Laplace mass", "hmcecs": "HMCECS (Taylor proxy)",
           "laplace_is": "importance sampling, Laplace t proposal"}  # fmt: skip
+#: :func:`make_data` and the reference's Newton steps: the rows of a block of their float64 sums.
+DATA_ROWS = 2**16
 #: SG-MCMC: warm-up and kept steps per chain, the kernel's thinning, minibatch rows.
 SG_WARMUP, SG_STEPS, THIN, BATCH = 20_000, 100_000, 50, 100
 #: NUTS and HMCECS: warm-up and kept draws per chain (``nuts_map`` adapts only its step size).
@@ -101,7 +103,8 @@ QUICK = {"SG_WARMUP": 4_000, "SG_STEPS": 20_000, "NUTS_WARMUP": 200, "NUTS_SAMPL
 
 def make_data(N: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """``N`` rows of a9a's training features drawn with replacement and labels drawn from the model at the
-    cached NUTS posterior mean: ``(X (N, 123) float32, y (N,) float32)``."""
+    cached NUTS posterior mean: ``(X (N, 123) float32, y (N,) float32)``; the logits in float64, :data:`DATA_ROWS`
+    rows at a time (a float64 copy of ``X`` would be 9.8 GB at 1e7 rows)."""
     from benchmarks.a9a_vs_nuts import load_reference
     from models.datasets import load_a9a
 
@@ -109,15 +112,29 @@ def make_data(N: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     w_true = np.asarray(load_reference()["w_mean"], np.float64)
     rng = np.random.default_rng(seed)
     X = X_a9a[rng.integers(0, X_a9a.shape[0], N)]
-    p = 1.0 / (1.0 + np.exp(-(X @ w_true)))
-    y = (rng.random(N) < p).astype(np.float32)
+    logits = np.concatenate([X[start : start + DATA_ROWS] @ w_true for start in range(0, N, DATA_ROWS)])
+    y = (rng.random(N) < 1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
     return X, y
 
 
 # --- one (N, method), in a child process ------------------------------------------------------------------
 def _map_and_laplace(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The full-data posterior mode (L-BFGS, then :data:`NEWTON_STEPS` Newton steps in float64) and the inverse
-    Hessian of the potential there (float64 for NumPy ``X`` and ``y``; JAX arrays, without x64, stay float32)."""
+    Hessian of the potential there, in float64."""
+    # L-BFGS stops where float32 energies no longer resolve its steps, far from the mode at large N (a Newton
+    # decrement of 1e3 at 1e5 rows). Newton steps finish the search, with the model's gradient and Hessian in float64
+    # (the main job's model: a float32 Hessian's rounding errors on common features' entries reach the size of the
+    # rare features' curvatures, and its steps stall several posterior sds from the mode)
+    w = _lbfgs_mode(X, y)
+    for _ in range(NEWTON_STEPS):
+        gradient, hessian = _gradient_and_hessian(X, y, w)
+        w = w - np.linalg.solve(hessian, gradient)
+    return w, np.linalg.inv(_gradient_and_hessian(X, y, w)[1])
+
+
+def _lbfgs_mode(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """L-BFGS (SciPy) on the model's float32 potential over all rows, from zero (its copy of the data on the device
+    goes when it returns)."""
     import jax
     import jax.numpy as jnp
     from numpyro.infer.util import potential_energy
@@ -127,31 +144,28 @@ def _map_and_laplace(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
     Xj, yj = jnp.asarray(X), jnp.asarray(y)
 
-    def potential(w: jax.Array) -> jax.Array:
-        return potential_energy(model, (Xj, yj), {"batch_size": None}, {"w": w})
+    def potential(w: jax.Array, X: jax.Array, y: jax.Array) -> jax.Array:  # the data as arguments, not constants
+        return potential_energy(model, (X, y), {"batch_size": None}, {"w": w})
 
     value_and_grad = jax.jit(jax.value_and_grad(potential))
 
     def fun(w: np.ndarray) -> tuple[float, np.ndarray]:
-        value, grad = value_and_grad(jnp.asarray(w, jnp.float32))
+        value, grad = value_and_grad(jnp.asarray(w, jnp.float32), Xj, yj)
         return float(value), np.asarray(grad, np.float64)
 
-    result = minimize(fun, np.zeros(X.shape[1]), jac=True, method="L-BFGS-B", options={"maxiter": 2000})
-    # L-BFGS stops where float32 energies no longer resolve its steps, far from the mode at large N (a Newton
-    # decrement of 1e3 at 1e5 rows). Newton steps finish the search, with the model's gradient and Hessian in float64
-    # (the main job's model: a float32 Hessian's rounding errors on common features' entries reach the size of the
-    # rare features' curvatures, and its steps stall several posterior sds from the mode)
-    X64, y64, w = X.astype(np.float64), y.astype(np.float64), result.x
-    for _ in range(NEWTON_STEPS):
-        gradient, hessian = _gradient_and_hessian(X64, y64, w)
-        w = w - np.linalg.solve(hessian, gradient)
-    return w, np.linalg.inv(_gradient_and_hessian(X64, y64, w)[1])
+    return minimize(fun, np.zeros(X.shape[1]), jac=True, method="L-BFGS-B", options={"maxiter": 2000}).x
 
 
 def _gradient_and_hessian(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The gradient and Hessian of the main job's potential (prior ``N(0, 10)``, logistic likelihood) at ``w``."""
-    p = 1.0 / (1.0 + np.exp(-(X @ w)))
-    return X.T @ (p - y) + w / PRIOR_VARIANCE, (X.T * (p * (1.0 - p))) @ X + np.eye(w.size) / PRIOR_VARIANCE
+    """The gradient and Hessian of the main job's potential (prior ``N(0, 10)``, logistic likelihood) at ``w``, in
+    float64, :data:`DATA_ROWS` rows at a time."""
+    gradient, hessian = w / PRIOR_VARIANCE, np.eye(w.size) / PRIOR_VARIANCE
+    for start in range(0, y.size, DATA_ROWS):
+        X_rows, y_rows = X[start : start + DATA_ROWS].astype(np.float64), y[start : start + DATA_ROWS]
+        p = 1.0 / (1.0 + np.exp(-(X_rows @ w)))
+        gradient = gradient + X_rows.T @ (p - y_rows)
+        hessian = hessian + (X_rows.T * (p * (1.0 - p))) @ X_rows
+    return gradient, hessian
 
 
 def _warmup_and_sample(mcmc: Any, start: float, X: Any, y: Any, batch: int | None) -> tuple[Any, float, float]:
@@ -396,7 +410,6 @@ def main() -> None:
     if any(n < 100 for n in sizes):
         parser.error("--n: give row counts of at least 100, e.g. --n 1e4 1e5")
     path = RESULTS / ("time_to_ess_quick.json" if args.quick else "time_to_ess.json")
-    cells: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     env = dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu")
     capped: set[str] = set()
     for N in sorted(sizes):
@@ -410,18 +423,20 @@ def main() -> None:
             try:
                 out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.cap)
             except subprocess.TimeoutExpired:
-                cells[f"{N}/{name}"] = {"N": N, "method": name, "capped": args.cap}
+                cell = {"N": N, "method": name, "capped": args.cap}
                 capped.add(name)
                 print(f"N={N:.0e} {name}: over the cap of {args.cap:.0f} s", flush=True)
             else:
                 if out.returncode != 0:
                     print(f"N={N:.0e} {name}: failed\n{out.stderr[-3000:]}", flush=True)
                     continue
-                cells[f"{N}/{name}"] = json.loads(out.stdout.strip().splitlines()[-1])
-                cell = cells[f"{N}/{name}"]
+                cell = json.loads(out.stdout.strip().splitlines()[-1])
                 print(f"N={N:.0e} {name}: {_rate(cell, 'ess_min'):.2f} ESS per CPU second (min), CPU {cell['cpu_s']:.0f} s, "
                       f"wall {cell['wall_s']:.0f} s ({time.perf_counter() - start:.0f} s with data)", flush=True)  # fmt: skip
+            # read again before writing: runs of other (N, method) cells may be going on in other processes
+            cells = {**(json.loads(path.read_text()) if path.exists() else {}), f"{N}/{name}": cell}
             path.write_text(json.dumps(cells, indent=1))
+    cells = json.loads(path.read_text()) if path.exists() else {}
     print(table(cells))
     plot(cells, path.with_suffix(".png"))
 

@@ -260,7 +260,8 @@ def test_an_advisory_health_warning_leaves_the_verdict_to_judge(monkeypatch):
     chains' agreement: the verdict still judges the run and warns when it fails (a run too short for the posterior)."""
     from ppl_sgmcmc import health
 
-    monkeypatch.setattr(health, "failures", lambda kernel, flags, values: {"restarts": f"{kernel}: ran off (advisory)"})
+    advisory = lambda kernel, flags, values, tuned=False: {"restarts": f"{kernel}: ran off (advisory)"}  # noqa: E731
+    monkeypatch.setattr(health, "failures", advisory)
     short = MCMC(SGLD(potential_fn=gaussian, step_size=0.005), num_warmup=10, num_samples=200, progress_bar=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -31,6 +31,7 @@ from numpyro.util import nested_attrgetter
 from ppl_sgmcmc import _checks, diagnostics
 from ppl_sgmcmc import verdict as _verdict
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
+from ppl_sgmcmc.numpyro.potential import as_jax_arrays, split_arrays
 
 __all__ = ["MCMC"]
 
@@ -188,7 +189,15 @@ class MCMC(numpyro.infer.MCMC):
         if init_state is None or kernel._sample_fn is None:  # as NumPyro does
             state = kernel.init(rng_key, self.num_warmup, init_params, model_args=args, model_kwargs=kwargs)
             init_state = state if init_state is None else init_state
-        sample_fn, postprocess_fn = self._get_cached_fns()
+        init_val: tuple
+        if self._jit_model_args:
+            sample_fn, postprocess_fn = self._get_cached_fns()
+            init_val = (init_state, args, kwargs)
+        else:  # the data as the loop's arguments, not constants of its program (see `_ArrayArguments`)
+            data, merge = split_arrays(as_jax_arrays((args, kwargs)))  # as the kernel sees them
+            # one per run (a run's chains share its arguments, and `run` empties the cache): one loop for its chains
+            sample_fn = self._cache.setdefault("ppl_sgmcmc: array arguments", _ArrayArguments(self, merge))
+            postprocess_fn, init_val = sample_fn.postprocess, (init_state, data)
         params, thinning = self._collection_params, self.thinning
         lower, upper, size = params["lower"], params["upper"], params["collection_size"]
         size = (upper - lower) // thinning if size is None else size // thinning
@@ -205,7 +214,6 @@ class MCMC(numpyro.infer.MCMC):
             loop = _collection_loop(sample_fn, transform, lower, upper, thinning, size, accelerated, replays)
             if not isinstance(rng_key, jax.core.Tracer):
                 self._cache[key] = loop
-        init_val = (init_state, args, kwargs) if self._jit_model_args else (init_state,)
         states, last_val = loop(init_val)
         if len(collect_fields) == 1:
             states = (states,)
@@ -230,6 +238,34 @@ class MCMC(numpyro.infer.MCMC):
         finally:
             kernel._progress, self.progress_bar = None, True
             bar.close()
+
+
+class _ArrayArguments:
+    """The loop's step and postprocessing with the model's array arguments passed to the compiled loop, its other
+    leaves (a ``batch_size``) static: ``sample_fn((state, data)) -> (state, data)`` and ``postprocess_fn(z, data)``,
+    as NumPyro's ``jit_model_args=True`` passes every argument. NumPyro's loop without ``jit_model_args`` closes over
+    the arguments, and JAX embeds a closed-over array in the program as a constant: the data were copied into the
+    program, its cache key and the compiled executable (the user guide's large-data page gives the cost). The
+    kernel's own compiled functions already take the data as arguments
+    (:func:`~ppl_sgmcmc.numpyro.potential.split_arrays`)."""
+
+    def __init__(self, mcmc: MCMC, merge: Any) -> None:
+        self.mcmc, self.merge = mcmc, merge
+
+    def __call__(self, val: tuple) -> tuple:
+        state, data = val
+        return self.mcmc.sampler.sample(state, *self.merge(data)), data
+
+    def postprocess(self, z: Any, data: Any) -> Any:
+        """NumPyro's postprocessing of the collected latent values ``z``: the MCMC's ``postprocess_fn``, else the
+        kernel's, over the chains of a vectorized run."""
+        mcmc = self.mcmc
+        body_fn = mcmc.postprocess_fn or mcmc.sampler.postprocess_fn(*self.merge(data))
+        if mcmc.chain_method != "vectorized" or mcmc.num_chains == 1:
+            return body_fn(z)
+        if jax.tree.leaves(z):
+            return jax.vmap(body_fn)(z)
+        return jax.tree.map(lambda x: jnp.broadcast_to(x, (mcmc.num_chains, *jnp.shape(x))), body_fn(z))
 
 
 def _collect_and_postprocess(postprocess_fn: Any, collect_fields: tuple, remove_sites: tuple) -> Any:

@@ -202,3 +202,29 @@ def test_a_run_that_leaves_a_latent_out_of_its_draws_is_not_judged(logistic_data
     assert mcmc.last_verdict is None
     mcmc.run(jax.random.PRNGKey(0), *logistic_data)
     assert mcmc.last_verdict is not None
+
+
+@pytest.mark.parametrize("chains", [1, 2], ids=["one chain", "vectorized"])
+@pytest.mark.parametrize("as_numpy", [False, True], ids=["jax arrays", "numpy arrays"])
+def test_the_data_are_arguments_of_the_compiled_loop(chains, as_numpy):
+    """JAX embeds an array that a compiled function closes over in its program as a constant, copied into the
+    program, its cache key and the executable (five times the data at the peak: 1e7 rows of 123 features did not fit
+    in 24 GB). The sampling loop takes the model's arrays as arguments, NumPy ones too, and warns of no captured
+    constants (``jax_captured_constants_warn_bytes``, here half the data's size); a Python number stays static (it
+    is the plate's ``subsample_size``)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(4000, 20)).astype(np.float32)
+    y = (X[:, 0] + rng.logistic(size=4000) > 0).astype(np.float32)
+    data = (X, y) if as_numpy else (jax.numpy.asarray(X), jax.numpy.asarray(y))
+    mcmc = MCMC(SGLD(logistic_model, step_size=1e-3), num_warmup=10, num_samples=10, num_chains=chains,
+                chain_method="vectorized", progress_bar=False, verdict=False)  # fmt: skip
+    threshold = jax.config.jax_captured_constants_warn_bytes
+    jax.config.update("jax_captured_constants_warn_bytes", X.nbytes // 2)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mcmc.run(jax.random.PRNGKey(0), *data, batch_size=50)
+    finally:
+        jax.config.update("jax_captured_constants_warn_bytes", threshold)
+    assert not [w for w in caught if "constants were captured" in str(w.message)]
+    assert mcmc.get_samples()["w"].shape == (10 * chains, 20)

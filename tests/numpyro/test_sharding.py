@@ -13,7 +13,9 @@ compiles, and two processes under ``jax.distributed.initialize`` with 2 devices 
   kernel whose sharded code differs (below). A step with a fixed step size is the hands-off one after its
   warm-up, so the hands-off run covers it. Each ``MCMC.run`` compiles anew, so the runs are few and short: a
   warm-up of 200 steps holds all of the warm-up's windows (``adaptation_schedule(200)``: a buffer, four slow
-  windows, a buffer), at whose ends the step size and the metric change.
+  windows, a buffer), at whose ends the step size and the metric change. The runs with a fixed step size adapt
+  nothing: 20 warm-up steps and 30 draws of 2 chains (5,000 minibatch rows drawn from the 1,000), the two hosts'
+  run among them, each of whose steps waits on an all-reduce between the processes (gloo).
 * 4 devices stand for any mesh: XLA's SPMD partitioner compiles the same program for every size ``k`` of the
   data axis (each device gathers the drawn rows among the ``N/k`` it holds, at its offset ``index × N/k``,
   zeros elsewhere, and one all-reduce sums the ``k`` parts). A mesh of 4 has shards with neighbours on both
@@ -60,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ("CSGLD", "SGFS")
 NUM_DATA, NUM_FEATURES, BATCH, NOISE, PRIOR = 1000, 3, 50, 16.0, 1.0
 STEP, DIFFUSION = 5e-3, 2.0  # as test_posterior.py's "sgnht-multivariate-splitting"
+FIXED_WARMUP, FIXED_SAMPLES = 20, 30  # the runs with a fixed step size: no adaptation to cover
 NUM_CHAINS, NUM_WARMUP, NUM_SAMPLES, THINNING = 8, 2_000, 16_000, 4
 RTOL, ATOL = 1e-4, 1e-5  # float32 sums in another order, over a few hundred steps
 
@@ -87,15 +90,19 @@ def regression(X, y):
         numpyro.sample("y", dist.Normal(numpyro.subsample(X, event_dim=1) @ w, NOISE), obs=numpyro.subsample(y, event_dim=0))
 
 
-def run(kernel, data, num_samples=100, num_chains=2, chain_method="vectorized", **mcmc_options):
-    mcmc = MCMC(kernel, num_warmup=200, num_samples=num_samples, num_chains=num_chains, chain_method=chain_method,
-                progress_bar=False, **mcmc_options)
+def run(kernel, data, num_warmup=200, num_samples=100, num_chains=2, chain_method="vectorized", **mcmc_options):
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
+                chain_method=chain_method, progress_bar=False, **mcmc_options)
     mcmc.run(jax.random.PRNGKey(0), *data)
     return mcmc
 
 
 def fixed():  # a fixed step size
     return SGLD(regression, step_size=5e-4)
+
+
+def run_fixed(data, **options):  # short: see the module's docstring
+    return run(fixed(), data, num_warmup={FIXED_WARMUP}, num_samples={FIXED_SAMPLES}, **options)
 
 
 def draws(mcmc):
@@ -128,15 +135,15 @@ def trajectories(data):
 unsharded, mesh = (jnp.asarray(X), jnp.asarray(Y)), data_mesh()
 assert shard_rows(X, mesh=mesh).addressable_shards[0].data.shape == (N // 4, D)
 results = {{"unsharded": trajectories(unsharded), "4": trajectories(shard_rows(X, Y, mesh=mesh))}}
-fixed_run = run(fixed(), unsharded)  # the reference of the two hosts
+fixed_run = run_fixed(unsharded)  # the reference of the two hosts
 results["unsharded"].update(fixed=draws(fixed_run), fixed_log_likelihood=full_data_log_likelihood(fixed_run)["y"])
 try:
     shard_rows(X[:10], mesh=mesh)
 except ValueError as err:
     error = str(err)
 # chains on separate devices (pmap), for a given and a tuned step size
-results["parallel"] = {{name: draws(run(kernel(), unsharded, chain_method="parallel"))
-                       for name, kernel in (("fixed", fixed), ("tuned", tuned))}}
+results["parallel"] = {{"fixed": draws(run_fixed(unsharded, chain_method="parallel")),
+                       "tuned": draws(run(tuned(), unsharded, chain_method="parallel"))}}
 try:  # SGFS checks per-datum scores on the host at its start, which a traced `init` cannot do
     run(SGFS(regression), unsharded, num_samples=10, chain_method="parallel")
 except ValueError as err:
@@ -162,7 +169,7 @@ jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=proc
 rows = slice(process * N // 2, (process + 1) * N // 2)  # each host reads its own rows
 data = shard_rows(X[rows], Y[rows])
 assert data[0].shape == (N, D) and len(jax.devices()) == 4
-mcmc = run(fixed(), data, jit_model_args=True)
+mcmc = run_fixed(data, jit_model_args=True)
 out = {"fixed": draws(mcmc), "fixed_log_likelihood": full_data_log_likelihood(mcmc)["y"]}
 errors = {}
 try:  # MCMC closes over its arguments without jit_model_args=True
@@ -176,7 +183,10 @@ except ValueError as err:
     errors["rows"] = str(err)
 if process == 0:
     np.savez(path, **out)
-print(json.dumps(errors))
+print(json.dumps(errors), flush=True)
+sys.stderr.flush()
+jax.distributed.shutdown()  # both processes are done: then skip the interpreter's teardown (~1.5 s of CPU time)
+os._exit(0)
 """
 
 
@@ -299,6 +309,7 @@ def test_two_hosts(tmp_path, four_devices):
     processes = [_run(HOSTS, process, port, path, devices=2) for process in (0, 1)]
     errors = [_result(process) for process in processes]
     hosts = dict(np.load(path))
+    assert hosts["fixed"].shape == (2 * FIXED_SAMPLES, NUM_FEATURES)  # 2 vectorised chains
     for name in ("fixed", "fixed_log_likelihood"):
         np.testing.assert_allclose(hosts[name], results[f"unsharded/{name}"], rtol=RTOL, atol=ATOL, err_msg=name)
     for process_errors in errors:

@@ -93,7 +93,14 @@ def data():
     return torch.from_numpy(X), torch.from_numpy(y)
 
 
+# the network runs on one pytest-xdist worker (`--dist loadgroup`): the kernels' compiled graphs of the network (the
+# gradient, shared by every kernel; SGFS's per-datum scores and step, shared by both kinds, whose graphs are the
+# same) are compiled once in a process (the memo of `ppl_sgmcmc.pyro.compile`), not once per worker (SGFS's: seconds)
+on_networks = pytest.mark.xdist_group("pyro_modules_networks")
+
+
 @pytest.mark.slow
+@on_networks
 @pytest.mark.parametrize(("name", "kind"), RUNS)
 def test_network_runs_with_defaults(name, kind, data):
     """The kernel runs the network with its defaults (no step size): finite draws of every weight site with its
