@@ -37,15 +37,17 @@ PRECONDITIONER_CHANGE = 3.0
 
 #: The checks: :func:`check`'s flags, then :func:`update`'s frozen-chain and preconditioner flags.
 KINDS = ("step_size", "rejections", "runaway", "noise", "restarts", "frozen", "preconditioner")
-#: Kinds whose warning leaves the draws possibly right (the warm-up recovered): the end-of-run verdict still judges the
-#: run after them, where any other kind's warning names the run's failure and stands for the verdict.
-ADVISORY = frozenset({"restarts"})
+#: Kinds whose warning does not name the run's whole failure: the end-of-run verdict still judges the run after them,
+#: where any other kind's warning (the draws are not a sample at all) stands for the verdict. A warm-up that ran off
+#: and recovered may leave right draws; a noise ratio above the limit biases the draws' spread but says nothing of
+#: whether the chains met (on a neural network it fired on runs whose chains had not met, where a smaller step made
+#: things worse: the verdict's diagnosis and fixes are the ones that help there).
+ADVISORY = frozenset({"restarts", "noise"})
 #: The values kept per kind (:class:`HealthState`'s ``values`` columns).
 VALUES = ("step_size", "steps", "rejected", "largest", "noise_ratio", "restarts", "since", "preconditioner_change")
 #: Kinds that fail only when two checks in a row find them: the noise ratio is a running estimate over
-#: :data:`ppl_sgmcmc.noise.HORIZON` steps, and a few minibatches holding a rare feature's rows lift it above the limit
-#: at one check in a run whose draws are right (a logistic regression on 1e6 a9a-like rows: 7.7 at one check against
-#: SGNHT's limit of 5, the kept draws' median 1.2). Until the second check, the kind's ``values`` row holds the last
+#: :data:`ppl_sgmcmc.noise.HORIZON` steps, and a few minibatches holding a rare feature's rows can lift it above the
+#: limit at one check in a run whose draws are right. Until the second check, the kind's ``values`` row holds the last
 #: check's values where it failed alone (zeros where it passed).
 PERSISTENT = frozenset({"noise"})
 
@@ -325,7 +327,9 @@ def message(kernel: str, kind: str, values: Any, tuned: bool = False) -> str:
             "variance the kernel injects (ppl_sgmcmc.noise), so the draws are probably biased: spread wider than the "
             "posterior along the noisiest directions and, where the chain left the region in which its step was "
             "tuned (a neural network's curvature and noise change along the chain), possibly too narrow elsewhere. "
-            f"{fix}; a larger `subsample_size` also helps." + ("" if tuned else _TUNED_HINT)
+            f"{fix}; a larger `subsample_size` also helps. Read it with the chains' agreement (r_hat, the end-of-run "
+            "verdict): chains that have not met are a failure of their own, which a smaller step does not fix."
+            + ("" if tuned else _TUNED_HINT)
         )
     if kind == "restarts":
         return (

@@ -255,20 +255,22 @@ def test_an_optimiser_is_not_judged():
 
 
 
-def test_an_advisory_health_warning_leaves_the_verdict_to_judge(monkeypatch):
-    """A warm-up that ran off and recovered (``restarts``, :data:`ppl_sgmcmc.health.ADVISORY`) says to check the
-    chains' agreement: the verdict still judges the run and warns when it fails (a run too short for the posterior)."""
+@pytest.mark.parametrize("kind", ["restarts", "noise"])
+def test_an_advisory_health_warning_leaves_the_verdict_to_judge(monkeypatch, kind):
+    """A warm-up that ran off and recovered (``restarts``) says to check the chains' agreement, and a noise ratio above
+    the limit says nothing of it (:data:`ppl_sgmcmc.health.ADVISORY`): the verdict still judges the run and warns when
+    it fails (a run too short for the posterior). Any other kind's warning stands for the verdict."""
     from ppl_sgmcmc import health
 
-    advisory = lambda kernel, flags, values, tuned=False: {"restarts": f"{kernel}: ran off (advisory)"}  # noqa: E731
+    advisory = lambda kernel, flags, values, tuned=False: {kind: f"{kernel}: {kind} (advisory)"}  # noqa: E731
     monkeypatch.setattr(health, "failures", advisory)
     short = MCMC(SGLD(potential_fn=gaussian, step_size=0.005), num_warmup=10, num_samples=200, progress_bar=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         short.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)})
-    assert any("ran off (advisory)" in str(w.message) for w in caught) and len(verdicts(caught)) == 1
+    assert any(f"{kind} (advisory)" in str(w.message) for w in caught) and len(verdicts(caught)) == 1
     reporter = health.Reporter("SGLD")
-    reporter.reported = {"restarts"}
+    reporter.reported = {kind}
     assert not reporter.named_failure
     reporter.reported.add("rejections")
     assert reporter.named_failure
