@@ -261,7 +261,8 @@ def update(
     values = xp.broadcast_to(xp.concat([values, xp.stack([since, change])]), state.values.shape)
     persistent = xp.asarray([kind in PERSISTENT for kind in KINDS], device=device(position))
     open_ = persistent & ~state.flags  # a persistent kind not reported yet: its row holds the last check's failure
-    flags = failing & (~persistent | (state.values[:, 1] > 0))  # (its `steps`: positive where it failed)
+    # (its `steps`: positive where it failed, and before this check: a state checked twice is one check)
+    flags = failing & (~persistent | ((state.values[:, 1] > 0) & (state.values[:, 1] < steps)))
     first = flags & ~state.flags  # the kinds failing for the first time keep this check's values
     values = xp.where((first | (open_ & failing))[:, None], values,
                       xp.where(open_[:, None], xp.zeros_like(values), state.values))  # fmt: skip

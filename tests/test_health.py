@@ -284,6 +284,9 @@ def test_the_noise_ratio_fails_when_two_checks_in_a_row_find_it(like):
     assert bool(state.flags[noise]) and state.flags.tolist().count(True) == 1
     assert "after 3000 steps the noise ratio is 9 " in health.failures("SGLD", state.flags, state.values)["noise"]
     assert not bool(checks(float("nan"), 7.7).flags[noise])  # not measured yet, then one failure
+    once = health.update(health.init(like), 1000, 0, 0.1, like + 1, (), 7.7, 5.0)
+    again = health.update(once, 1000, 0, 0.1, like + 1, (), 7.7, 5.0)  # the same state checked twice (a run's end)
+    assert not bool(again.flags[noise])
 
 
 @pytest.mark.parametrize("step_size, warns", [(1e-5, False), (1e-3, True)])

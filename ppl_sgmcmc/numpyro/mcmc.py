@@ -194,10 +194,12 @@ class MCMC(numpyro.infer.MCMC):
             sample_fn, postprocess_fn = self._get_cached_fns()
             init_val = (init_state, args, kwargs)
         else:  # the data as the loop's arguments, not constants of its program (see `_ArrayArguments`)
-            data, merge = split_arrays(as_jax_arrays((args, kwargs)))  # as the kernel sees them
-            # one per run (a run's chains share its arguments, and `run` empties the cache): one loop for its chains
-            sample_fn = self._cache.setdefault("ppl_sgmcmc: array arguments", _ArrayArguments(self, merge))
-            postprocess_fn, init_val = sample_fn.postprocess, (init_state, data)
+            # one per run (a run's chains share its arguments, and `run` empties the cache): NumPy arrays converted
+            # once, and one loop for the run's chains
+            arguments = self._cache.get("ppl_sgmcmc: array arguments")
+            if arguments is None:
+                arguments = self._cache["ppl_sgmcmc: array arguments"] = _ArrayArguments(self, args, kwargs)
+            sample_fn, postprocess_fn, init_val = arguments, arguments.postprocess, (init_state, arguments.data)
         params, thinning = self._collection_params, self.thinning
         lower, upper, size = params["lower"], params["upper"], params["collection_size"]
         size = (upper - lower) // thinning if size is None else size // thinning
@@ -249,8 +251,9 @@ class _ArrayArguments:
     kernel's own compiled functions already take the data as arguments
     (:func:`~ppl_sgmcmc.numpyro.potential.split_arrays`)."""
 
-    def __init__(self, mcmc: MCMC, merge: Any) -> None:
-        self.mcmc, self.merge = mcmc, merge
+    def __init__(self, mcmc: MCMC, args: tuple, kwargs: dict) -> None:
+        self.mcmc = mcmc
+        self.data, self.merge = split_arrays(as_jax_arrays((args, kwargs)))  # as the kernel sees them
 
     def __call__(self, val: tuple) -> tuple:
         state, data = val
