@@ -106,7 +106,9 @@ def table(header: tuple[str, ...], rows: list[tuple]) -> None:
     print("| " + " | ".join(header) + " |")
     print("|---|" + "---:|" * (len(header) - 1))
     for row in rows:
-        print("| " + " | ".join(throughput.fmt(v) if isinstance(v, float) else str(v) for v in row) + " |")
+        # rates with thousands separators; sub-10 values (ms per step on a GPU) with three significant digits
+        print("| " + " | ".join((throughput.fmt(v) if abs(v) >= 10 else f"{v:.3g}") if isinstance(v, float) else str(v)
+                                for v in row) + " |")  # fmt: skip
     print(flush=True)
 
 
@@ -289,7 +291,10 @@ def section_sharded(size: dict) -> None:
 
 def run(command: list[str], timeout: int) -> None:
     """``command`` in a subprocess, its output passed on (a failure is printed, not raised)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    # this process's JAX holds 75 % of the GPU's memory (its preallocation): a child's JAX that preallocates too
+    # probably fails to start its GPU backend and runs on the CPU (the NumPyro GPU tests were then skipped)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")  # fmt: skip
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as late:
@@ -314,7 +319,9 @@ def section_tests(size: dict) -> None:
     # the accelerator step's structural tests lower the step for this machine's backend; its same-chain tests
     # compare the two steps on one device, which test_gpu.py does across devices
     select = ["-k", "not test_the_accelerator_step_gives and not test_the_same_draws and not resumed"]
-    run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", *select, *tests],
+    # the project's addopts name plugins (nbmake, xdist) that a GPU machine's own environment may lack
+    run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib", "-q", "-rs",
+         *select, *tests],
         timeout=max(int(size["left"]), 60))  # fmt: skip
 
 

@@ -394,6 +394,18 @@ def from_covariance(cov: Array) -> Preconditioner:
     return Preconditioner(L, _inverse_lower(xp, L))
 
 
+def _eigh(xp: Any, A: Array) -> tuple[Array, Array]:
+    """``eigh(A)`` with each eigenvector's sign fixed: the sum of the cubes of its entries is made non-negative.
+
+    LAPACK and cuSOLVER (and two LAPACK builds) may return an eigenvector with either sign, and a preconditioner's
+    coordinates ``u`` follow it: a flipped axis meets the injected noise with the opposite sign, a chain equal in law
+    but with other draws. With the sign fixed by the vector itself, the same seed gives the same chain on every
+    device (up to round-off, except where the sum of cubes is itself round-off)."""
+    values, vectors = xp.linalg.eigh(A)
+    sign = xp.where(xp.sum(vectors**3, axis=0) < 0, -xp.ones_like(values), xp.ones_like(values))
+    return values, vectors * sign[None, :]
+
+
 def from_hessian(hessian: Array, dense: bool) -> tuple[Preconditioner, Array]:
     """The Laplace preconditioner of a Hessian ``H`` of the potential (the approximate posterior precision),
     and the curvature left in the coordinates ``u``: the largest eigenvalue of ``Lᵀ H L``.
@@ -425,7 +437,7 @@ def from_hessian(hessian: Array, dense: bool) -> tuple[Preconditioner, Array]:
             raise ValueError(f"from_hessian: a dense preconditioner needs the (d, d) Hessian, got shape {hessian.shape}.")
         diagonal = xp.abs(xp.linalg.diagonal(hessian))
         root = xp.sqrt(xp.where(diagonal > 0, diagonal, xp.ones_like(diagonal)))  # D^(1/2)
-        eigenvalues, Q = xp.linalg.eigh(hessian / (root[:, None] * root[None, :]))
+        eigenvalues, Q = _eigh(xp, hessian / (root[:, None] * root[None, :]))
         magnitude = xp.abs(eigenvalues)
         floored = xp.maximum(magnitude, HESSIAN_FLOOR * xp.max(magnitude))
         pre = Preconditioner(Q * (floored**-0.5)[None, :] / root[:, None], (floored**0.5)[:, None] * Q.T * root[None, :])
@@ -738,7 +750,7 @@ def align_noise(pre: Preconditioner, gradients: Array) -> Preconditioner:
     level = xp.sum(xp.linalg.diagonal(covariance)) / d
     ranks = xp.arange(1, d + 1, dtype=covariance.dtype, device=device(covariance))
     tie_break = xp.eye(d, dtype=covariance.dtype, device=device(covariance)) * ranks[None, :] * (ALIGN_TIE_BREAK * level)
-    _, Q = xp.linalg.eigh(covariance + tie_break)
+    _, Q = _eigh(xp, covariance + tie_break)
     return Preconditioner(xp.matmul(pre.scale, Q), xp.matmul(Q.T, pre.inverse))
 
 

@@ -520,7 +520,39 @@ def test_align_noise_is_continuous_in_the_gradients() -> None:
     nudged = grads * (1 + 1e-6 * rng.normal(size=grads.shape)).astype(np.float32)
     pre = ad.identity(5, dense=True, like=jnp.zeros(5, jnp.float32))
     first, second = (as_np(ad.align_noise(pre, jnp.asarray(g)).scale) for g in (grads, nudged))
-    np.testing.assert_allclose(np.abs(first), np.abs(second), atol=1e-3)  # eigenvectors up to their signs
+    np.testing.assert_allclose(first, second, atol=1e-3)  # the signs too (``_eigh``)
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_the_coordinates_do_not_depend_on_the_signs_eigh_returns(backend: str, monkeypatch) -> None:
+    """LAPACK and cuSOLVER may return an eigenvector with either sign: the Laplace and noise-aligned coordinates
+    (hence a chain's draws) must not follow it, or a seed gives another chain on the GPU."""
+    from array_api_compat import array_namespace
+
+    rng = np.random.default_rng(9)
+    grads = _noise_with_a_silent_plane(rng)
+    H = np.linalg.inv(COV3)
+    arr = (lambda a: jnp.asarray(a, jnp.float32)) if backend == "jax" else (lambda a: torch.tensor(a, dtype=torch.float32))
+
+    def coordinates() -> list[np.ndarray]:
+        laplace = ad.from_hessian(arr(H), dense=True)[0]
+        aligned = ad.align_noise(ad.Preconditioner(arr(np.eye(5)), arr(np.eye(5))), arr(grads))
+        return [as_np(part) for pre in (laplace, aligned) for part in pre]
+
+    before = coordinates()
+    linalg = array_namespace(arr(H)).linalg
+    eigh = linalg.eigh
+
+    def flipped(A):
+        values, vectors = eigh(A)
+        signs = arr(np.where(np.arange(vectors.shape[1]) % 2 == 0, -1.0, 1.0))
+        return values, vectors * signs[None, :]
+
+    monkeypatch.setattr(linalg, "eigh", flipped)
+    after = coordinates()
+    assert not np.allclose(as_np(flipped(arr(H))[1]), as_np(eigh(arr(H))[1]))  # the patch flips
+    for a, b in zip(before, after):
+        np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 def test_align_noise_needs_a_dense_preconditioner() -> None:
