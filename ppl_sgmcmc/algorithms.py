@@ -534,6 +534,13 @@ class Algorithm(Generic[RuleStateT]):
         """The kernel's class name, used in messages."""
         return type(self).__name__
 
+    @property
+    def variance_reducible(self) -> bool:
+        """Whether a variance-reduced gradient (:mod:`ppl_sgmcmc.gradients`) could replace this kernel's: it takes the
+        plain minibatch gradient of a model (whose full-data gradient a centre needs), without local Gibbs sites. The
+        noise-ratio warning then names one as the fix (:func:`ppl_sgmcmc.health.message`)."""
+        return self._estimator.name == "minibatch" and self._model is not None and self._gibbs is None
+
     # --- the rule's arguments -----------------------------------------------------------------------
     def hyperparameters(self) -> dict[str, Any]:
         """The rule's keyword arguments besides ``step_size`` (``temperature`` included), as validated;

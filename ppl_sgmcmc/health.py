@@ -285,9 +285,10 @@ _TUNED_HINT = (
 )
 
 
-def message(kernel: str, kind: str, values: Any, tuned: bool = False) -> str:
+def message(kernel: str, kind: str, values: Any, tuned: bool = False, reducible: bool = False) -> str:
     """The warning for a failed check ``kind`` with the ``values`` of :func:`check` (``tuned``: the warm-up chose the
-    step size, which changes the fix).
+    step size; ``reducible``: the kernel uses the plain minibatch gradient of a model with subsampled plates, so that
+    a variance-reduced estimator of :mod:`ppl_sgmcmc.gradients` could remove its noise; both change the fix).
 
     **Example**::
 
@@ -322,6 +323,13 @@ def message(kernel: str, kind: str, values: Any, tuned: bool = False) -> str:
             if tuned
             else "Use a smaller step size, or leave `step_size` unset for the warm-up to choose it"
         )
+        if reducible:  # the noise itself can go, where a smaller step only trades bias for mixing
+            fix = (
+                "Remove most of the noise with a variance-reduced gradient, `gradient=\"svrg\"` (two minibatch "
+                "gradients a step and a full-data one per epoch; see the user guide's 'Gradient estimators'), or "
+                + fix[0].lower()
+                + fix[1:]
+            )
         return (
             f"{kernel}: after {int(steps)} steps the noise ratio is {ratio:.3g} at h = {h:g}, at two checks in a "
             f"row: the stochastic gradient's noise (with the discretisation's error) adds about {ratio:.3g} times the "
@@ -378,8 +386,9 @@ class Reporter:
         1
     """
 
-    def __init__(self, kernel: str, tuned: bool = False) -> None:
-        self.kernel, self.tuned = kernel, tuned  # `tuned`: the warm-up chooses the step size (see `message`)
+    def __init__(self, kernel: str, tuned: bool = False, reducible: bool = False) -> None:
+        # `tuned`: the warm-up chooses the step size; `reducible`: a variance-reduced gradient could serve (`message`)
+        self.kernel, self.tuned, self.reducible = kernel, tuned, reducible
         self.reported: set[str] = set()
 
     def reset(self) -> None:
@@ -396,7 +405,7 @@ class Reporter:
         """Warn for each failed check not yet reported in this run (``flags``, ``values``: a
         :class:`HealthState`'s, with or without a leading chain axis; see :func:`failures`)."""
         caller = sys._getframe(1)
-        for kind, text in failures(self.kernel, flags, values, self.tuned).items():
+        for kind, text in failures(self.kernel, flags, values, self.tuned, self.reducible).items():
             if kind not in self.reported:
                 # not `warnings.warn`: its registry shows a text once per code location, so a later run that fails
                 # the same way would be silent; once per run and kind is decided here (filters still apply)
@@ -407,10 +416,10 @@ class Reporter:
                 self.reported.add(kind)  # after the warning: one a filter raised as an error is raised again
 
 
-def failures(kernel: str, flags: Any, values: Any, tuned: bool = False) -> dict[str, str]:
+def failures(kernel: str, flags: Any, values: Any, tuned: bool = False, reducible: bool = False) -> dict[str, str]:
     """``{kind: message}`` for the failed checks of a :class:`HealthState`'s ``flags`` and ``values``; with a
-    leading chain axis, each kind's message gives the values of the first chain in which it failed (``tuned``: see
-    :func:`message`).
+    leading chain axis, each kind's message gives the values of the first chain in which it failed (``tuned``,
+    ``reducible``: see :func:`message`).
 
     **Example** (two chains: the second rejected most of its steps)::
 
@@ -428,4 +437,4 @@ def failures(kernel: str, flags: Any, values: Any, tuned: bool = False) -> dict[
     if flags.ndim == 2:  # chains: per kind, the first chain in which it failed
         first = np.argmax(flags, axis=0)
         flags, values = flags.any(axis=0), values[first, np.arange(len(KINDS))]
-    return {kind: message(kernel, kind, row, tuned) for kind, flag, row in zip(KINDS, flags, values) if flag}
+    return {kind: message(kernel, kind, row, tuned, reducible) for kind, flag, row in zip(KINDS, flags, values) if flag}
