@@ -1039,7 +1039,9 @@ class Algorithm(Generic[RuleStateT]):
         to its restore point with the rule restarted there (:meth:`_restart_rule_state`, ``fresh_noise`` a
         standard normal draw for a momentum) and the step size divided by
         :data:`~ppl_sgmcmc.adaptation.RESTART_SHRINK` (a given step size is not changed: its chain runs off
-        and the health check reports it); otherwise :func:`~ppl_sgmcmc.adaptation.adapt_step` runs, and the
+        and the health check reports it), which also becomes the tuned step size's cap (the run-off showed more
+        curvature than the start did), and the noise measured since the step size was last set, which holds the
+        run-off's, is dropped; otherwise :func:`~ppl_sgmcmc.adaptation.adapt_step` runs, and the
         noise estimate and the rule state are re-expressed when the coordinates change (a low-rank preconditioner
         replaced at a slow window's end restarts the rule's state in the new coordinates, a momentum redrawn from
         ``fresh_noise``)."""
@@ -1072,9 +1074,16 @@ class Algorithm(Generic[RuleStateT]):
             noise_state = noise_state._replace(  # the noise's last gradient is of the old coordinates
                 count=xp.where(replaced, xp.full_like(noise_state.count, -1), noise_state.count)
             )
+        shrunk = adapt_state.step_size / adaptation.RESTART_SHRINK
         adapt_state = adapt_state._replace(
-            step_size=xp.where(off, adapt_state.step_size / adaptation.RESTART_SHRINK, adapt_state.step_size),
+            step_size=xp.where(off, shrunk, adapt_state.step_size),
             restarts=adapt_state.restarts + xp.astype(off, adapt_state.restarts.dtype),
+            # the run-off showed more curvature than the start did: no later re-tuning returns above the shrunk step
+            curvature=xp.where(off, xp.maximum(adapt_state.curvature, self._step_cap(rule_state) / shrunk),
+                               adapt_state.curvature),  # fmt: skip
+            # the noise measured since the step size was last set includes the run-off's steps: dropped
+            noise_sum=xp.where(off, xp.zeros_like(adapt_state.noise_sum), adapt_state.noise_sum),
+            noise_count=xp.where(off, xp.zeros_like(adapt_state.noise_count), adapt_state.noise_count),
         )
         if self._adapt_mass:
             noise_state = noise.rescale(noise_state, factor)

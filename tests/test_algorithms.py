@@ -198,3 +198,29 @@ def test_a_preconditioned_step_moves_the_position_by_its_increment(backend):
         mcmc.run()
         last = mcmc.get_samples()["x"][-1].numpy()
     np.testing.assert_allclose(last, [1.0, -1.0], atol=1e-4)
+
+
+# --- the warm-up's run-offs ------------------------------------------------------------------------------------
+def test_a_run_off_caps_the_later_step_sizes_and_drops_its_noise():
+    """A chain that runs off during the warm-up (``adaptation.ran_off``) restarts with its step size divided by
+    ``RESTART_SHRINK``; the run-off showed more curvature than the start did, so no later re-tuning returns above that
+    step, and the noise measured during the run-off (a chain far out, where a network's noise is huge) does not set
+    the next step. On a standard normal walled off at |x| = 2.5 by a quartic (curvature ~1e4 beyond), the start's
+    cap (0.2) is unstable on the wall: before, each re-tuning went back to it, and the chain ran off again at every
+    window (on the MLP of the hands-off table, SVRG's tiny noise sent SGHMC to the cap at each window, and the noise of
+    each run-off collapsed its next step to 1e-6)."""
+
+    def walled(z):
+        return jnp.sum(0.5 * z["x"] ** 2 + 50 * jnp.maximum(jnp.abs(z["x"]) - 2.5, 0.0) ** 4)
+
+    kernel = np_backend.SGLD(potential_fn=walled, find_mode=False)
+    mcmc = MCMC(kernel, num_warmup=3000, num_samples=10, progress_bar=False)
+    fields = ("adapt_state.step_size", "adapt_state.restarts", "adapt_state.noise_count")
+    mcmc.warmup(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(4)}, collect_warmup=True, extra_fields=fields)
+    extra = mcmc.get_extra_fields()
+    step, restarts = np.asarray(extra["adapt_state.step_size"]), np.asarray(extra["adapt_state.restarts"])
+    assert restarts[-1] >= 1
+    for i in np.flatnonzero(np.diff(restarts) > 0) + 1:  # the draw at which a run-off restarted the chain
+        assert step[i] <= step[i - 1] / 4 * (1 + 1e-6) and np.asarray(extra["adapt_state.noise_count"])[i] == 0
+        assert step[i:].max() <= step[i] * (1 + 1e-6), (i, step[i], step[i:].max())
+    assert restarts[-1] <= 3, restarts[-1]  # one run-off per stable step found, not one per window
