@@ -35,6 +35,16 @@ def pyro_model(X, y):
         pyro.sample("y", pdist.Normal(pyro.subsample(X, event_dim=1) @ w, NOISE), obs=pyro.subsample(y, event_dim=0))
 
 
+# the tests of the kernels on the conjugate regression share what they compile in a process: NumPyro's initial-value
+# search of `numpyro_model` (kept per model object, `ModelTarget._search_key`) and Pyro's graphs of `pyro_model` (its
+# gradient and the start's Hessian: `ppl_sgmcmc.pyro.compile` reuses a graph identical to one compiled before). Each
+# backend's tests run on one pytest-xdist worker (`--dist loadgroup`), which compiles them once, not once per worker.
+on_numpyro_regression = pytest.mark.xdist_group("adaptation_kernels_numpyro_regression")
+on_pyro_regression = pytest.mark.xdist_group("adaptation_kernels_pyro_regression")
+REGRESSION_BACKENDS = [pytest.param(np_backend, marks=on_numpyro_regression),
+                       pytest.param(pyro_backend, marks=on_pyro_regression)]  # fmt: skip
+
+
 def assert_sd_ratio_within(draws, low, high):
     """Each coordinate's sd over the exact posterior's lies in [low, high], widened by K_SIGMA MCSEs."""
     sd, mcse = sd_and_mcse(draws)
@@ -44,6 +54,7 @@ def assert_sd_ratio_within(draws, low, high):
     return ratio
 
 
+@on_numpyro_regression
 def test_numpyro_tuned_sgnht_samples_the_posterior_and_freezes():
     chains = 4
     kernel = np_backend.SGNHT(numpyro_model, steps_per_sample=10)
@@ -67,6 +78,7 @@ def test_numpyro_tuned_sgnht_samples_the_posterior_and_freezes():
     assert np.all(np.abs(mean - MEAN) < 0.2 * np.sqrt(np.diag(COV))), (mean - MEAN) / np.sqrt(np.diag(COV))
 
 
+@on_numpyro_regression
 @pytest.mark.parametrize("kernel_class", ["SGLD", "SGHMC", "PSGLD"])
 def test_numpyro_tuned_kernels_hit_their_noise_target(kernel_class):
     """The other kernels' tuned step sizes reach their noise ratio (0.1), so their variance is inflated by
@@ -80,6 +92,7 @@ def test_numpyro_tuned_kernels_hit_their_noise_target(kernel_class):
     assert_sd_ratio_within(np.asarray(mcmc.get_samples(group_by_chain=True)["w"]), 0.8, 1.25)
 
 
+@on_pyro_regression
 def test_pyro_tuned_sgnht_samples_the_posterior():
     pyro.set_rng_seed(0)
     kernel = pyro_backend.SGNHT(pyro_model, steps_per_sample=10)
@@ -169,7 +182,9 @@ def test_the_start_is_the_mode_of_every_row_when_the_hessian_reads_fewer(backend
         pyro_model(X, y)
 
     if backend is np_backend:
-        state = np_backend.SGLD(numpyro_own).init(jax.random.PRNGKey(0), 1000, None, (jnp.asarray(X), jnp.asarray(Y)), {})
+        state = np_backend.SGLD(numpyro_own).init(
+            jax.random.PRNGKey(0), 1000, None, (jnp.asarray(X), jnp.asarray(Y)), {}
+        )
         start = np.asarray(state.finite_position, np.float64)
     else:
         kernel = pyro_backend.SGLD(pyro_own)
@@ -209,7 +224,8 @@ def test_nearly_noiseless_coordinates_do_not_collapse_the_start_metric():
     def potential(z):  # flat in sorted site order: v, then w
         return 0.5 * jnp.sum(z**2) + 0.5 * jnp.sum((y - jnp.tanh(x[:, None] * z[2:]) @ z[:2]) ** 2)
 
-    hessian = np.asarray(jax.hessian(potential)(jnp.asarray(start, jnp.float32)), np.float64)
+    # one compiled program (run eagerly, the Hessian's operations compile one by one: about 3 s of CPU time)
+    hessian = np.asarray(jax.jit(jax.hessian(potential))(jnp.asarray(start, jnp.float32)), np.float64)
     scale = np.asarray(state.adapt_state.preconditioner.scale, np.float64)
     assert np.min(np.abs(start[[0, 2]])) < 1e-2 or np.min(np.abs(start[[1, 3]])) < 1e-2  # a unit switched off
     assert np.min(np.linalg.eigvalsh(scale @ scale.T)) > 0.01 / np.max(np.linalg.eigvalsh(hessian))
@@ -248,7 +264,9 @@ def pyro_dollars(y):
 
 
 def model_start(backend, model, args, init_params=None):
-    """A new tuned SGLD chain's position (constrained) after the kernel's start on ``model(*args)``."""
+    """A new tuned SGLD chain's position (constrained) after the kernel's start on ``model(*args)``: the start itself,
+    before any step, on both backends (NumPyro's ``init`` takes none; Pyro's ``_start`` is the start of its first
+    ``sample``, whose step would compile the whole step's graph)."""
     if backend is np_backend:
         kernel = backend.SGLD(model)
         init = None if init_params is None else {k: jnp.asarray(v, jnp.float32) for k, v in init_params.items()}
@@ -260,7 +278,7 @@ def model_start(backend, model, args, init_params=None):
     if init_params is not None:
         kernel.initial_params = {k: torch.tensor(v, dtype=torch.float32) for k, v in init_params.items()}
     kernel.setup(0, *(torch.tensor(a) for a in args))
-    kernel.sample(kernel.initial_params)
+    kernel._start(None)
     return {k: kernel.transforms[k].inv(v).detach().numpy() for k, v in kernel.state.z.items()}
 
 
@@ -293,13 +311,14 @@ def test_given_step_size_switches_tuning_off(backend):
     assert tuned.adapts and tuned.find_mode_steps > 0
 
 
-@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+@pytest.mark.parametrize("backend", REGRESSION_BACKENDS)
 def test_psgld_regulariser_on_the_scale_of_the_scores(backend):
     """pSGLD's λ defaults to 1/sqrt(n N) with the warm-up's preconditioner (the RMS of a mean score of n rows
     in coordinates of unit posterior scale), so that G stays within a factor 2 of its typical value; 1e-5
     with a given step size (no preconditioner), and as given when given. λ is set when the kernel starts, from the
     plate's sizes and whether a preconditioner is in force, before the mode search: the tuned kernels start without
     it (``find_mode=False``), which leaves λ as it is and compiles no optimiser."""
+
     def started(**options):
         kernel = backend.PSGLD(numpyro_model if backend is np_backend else pyro_model, **options)
         if backend is np_backend:
@@ -370,7 +389,7 @@ def test_warmup_restarts_a_chain_that_runs_off(backend):
     assert np.all(np.isfinite(x)) and np.abs(x).max() < 4  # and the chain samples inside the wall afterwards
 
 
-@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+@pytest.mark.parametrize("backend", REGRESSION_BACKENDS)
 def test_many_coordinates_use_the_hessian_diagonal(backend, monkeypatch):
     """Past EXACT_HESSIAN_MAX coordinates a diagonal preconditioner comes from Hutchinson's estimate of the Hessian's
     diagonal and the curvature from power iteration: on the conjugate regression (4 coordinates, the limit lowered
@@ -387,7 +406,7 @@ def test_many_coordinates_use_the_hessian_diagonal(backend, monkeypatch):
             pyro.set_rng_seed(0)
             kernel.initial_params = {"w": torch.tensor(MEAN, dtype=torch.float32)}
             kernel.setup(0, torch.tensor(X, dtype=torch.float32), torch.tensor(Y, dtype=torch.float32))
-            kernel.sample(kernel.initial_params)
+            kernel._start(None)  # the chain's start, before its first step (which would compile the whole step)
             adapt = kernel.state.adapt_state
             scale, curvature = adapt.preconditioner.scale.numpy(), float(adapt.curvature)
         exact[limit] = scale, curvature
@@ -398,7 +417,8 @@ def test_many_coordinates_use_the_hessian_diagonal(backend, monkeypatch):
 
 
 def preconditioner_scale(backend, kernel):
-    """The preconditioner's ``L`` at the start of a chain of ``kernel`` on the conjugate regression (d = 4)."""
+    """The preconditioner's ``L`` at the start of a chain of ``kernel`` on the conjugate regression (d = 4), before its
+    first step (Pyro's ``_start``: its first step after no warm-up would compile the whole step's graph)."""
     if backend is np_backend:
         state = kernel.init(jax.random.PRNGKey(0), 0, {"w": jnp.asarray(MEAN, jnp.float32)},
                             (jnp.asarray(X), jnp.asarray(Y)))  # fmt: skip
@@ -406,11 +426,11 @@ def preconditioner_scale(backend, kernel):
     pyro.set_rng_seed(0)
     kernel.initial_params = {"w": torch.tensor(MEAN, dtype=torch.float32)}
     kernel.setup(0, torch.tensor(X, dtype=torch.float32), torch.tensor(Y, dtype=torch.float32))
-    kernel.sample(kernel.initial_params)
+    kernel._start(None)
     return kernel.state.adapt_state.preconditioner.scale.numpy()
 
 
-@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+@pytest.mark.parametrize("backend", REGRESSION_BACKENDS)
 def test_default_metric_is_dense_up_to_auto_dense_max(backend, monkeypatch):
     """``dense_mass=None`` (the default): a dense Laplace preconditioner for at most AUTO_DENSE_MAX coordinates (its
     ``L Lᵀ`` the inverse Hessian, correlations included), a diagonal one beyond; True and False force either."""
@@ -442,7 +462,9 @@ def test_a_new_tuned_chain_without_warmup_warns():
 # --- a dense metric's coordinates turned to the noise's axes (SGNHT) -------------------------------------------
 GROUPS, PER_GROUP, GROUP_SD = 4, 250, 0.5
 _g = np.repeat(np.arange(GROUPS), PER_GROUP)
-_y = (1.0 + GROUP_SD * np.random.default_rng(12).normal(size=GROUPS))[_g] + np.random.default_rng(13).normal(size=_g.size)
+_y = (1.0 + GROUP_SD * np.random.default_rng(12).normal(size=GROUPS))[_g] + np.random.default_rng(13).normal(
+    size=_g.size
+)
 
 
 def hierarchical_model(y, g):

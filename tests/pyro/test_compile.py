@@ -25,12 +25,13 @@ from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 
 aten = torch.ops.aten
 N, BATCH = 40, 7
+SITES_BATCH = 4  # the minibatch of `many_sites` (its docstring says why fewer rows)
 KEYS = [("gradient", False), ("gradient", True), ("gradient", "per_example")]
 
 
 def many_sites(X, y, c):
     """Every distribution, transform and broadcast the per-datum graph is checked on, in one model (one Inductor
-    compile, seconds, instead of one per group of sites):
+    compile, seconds, instead of one per group of sites), each once:
 
     - the model that exposed the bug (``test_new_kernels``): a StudentT site with a HalfNormal scale and a Bernoulli
       site with an event dimension, both in the subsampled plate;
@@ -39,24 +40,26 @@ def many_sites(X, y, c):
     - a Dirichlet latent (stick-breaking), a matrix latent, a multivariate observation with a LogNormal scale and a
       Categorical observation, both with event/batch shapes broadcast inside the plate.
 
-    Each latent has its own columns in the per-datum scores, which the test checks one by one (none lost)."""
+    Each latent has its own columns in the per-datum scores, which the test checks one by one (none lost). The
+    minibatch holds :data:`SITES_BATCH` rows: the batched backward repeats some operations' backward once per row
+    (the stick-breaking transform's ``cumprod``, the Categorical's ``gather``: about 70 of the graph's nodes a row,
+    and Inductor's compile time grows with the nodes); four rows, one index twice, keep the plate's size apart from
+    every other dimension (``d = 3``, the 2 event columns, the 3 categories)."""
     d = X.shape[1]
     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
     sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
     scale = pyro.sample("scale", dist.Gamma(2.0, 2.0).expand([d]).to_event(1))
     tau = pyro.sample("tau", dist.LogNormal(0.0, 1.0))
     rho = pyro.sample("rho", dist.Beta(2.0, 2.0))
-    loc = pyro.sample("loc", dist.Normal(0.0, 1.0))
     probs = pyro.sample("probs", dist.Dirichlet(torch.ones(3)))
     W = pyro.sample("W", dist.Normal(0.0, 1.0).expand([d, 2]).to_event(2))
-    noise = pyro.sample("noise", dist.LogNormal(-1.0, 0.5))
-    with pyro.plate("data", X.shape[0], subsample_size=BATCH):
+    with pyro.plate("data", X.shape[0], subsample_size=SITES_BATCH):
         x, yb, cb = pyro.subsample(X, event_dim=1), pyro.subsample(y, event_dim=0), pyro.subsample(c, event_dim=1)
         pyro.sample("y", dist.StudentT(4.0, x @ w, sigma), obs=yb)
         pyro.sample("c", dist.Bernoulli(logits=x[:, :2] * w[0]).to_event(1), obs=cb)
-        pyro.sample("x", dist.Normal(loc * rho, scale).to_event(1), obs=x)
+        pyro.sample("x", dist.Normal(rho, scale).to_event(1), obs=x)
         pyro.sample("g", dist.Gamma(1.0 + rho, tau * (1.0 + yb**2)), obs=1.0 + cb.sum(-1))
-        pyro.sample("c_normal", dist.Normal(x @ W, noise).to_event(1), obs=cb)
+        pyro.sample("c_normal", dist.Normal(x @ W, tau).to_event(1), obs=cb)
         pyro.sample("k", dist.Categorical(probs), obs=(yb > 0).long() + (yb > 1).long())
 
 
@@ -98,7 +101,8 @@ def _target(model, data):
 def _points(target):
     flat = target.layout.ravel(target.initial_params())
     g = torch.Generator().manual_seed(1)
-    batches = [torch.tensor([3, 10, 10, 0, 39, 21, 7]), torch.randperm(N, generator=g)[:BATCH]]
+    rows = target.plate_sizes["data"][1]  # the model's minibatch size
+    batches = [torch.tensor([3, 10, 10, 0, 39, 21, 7])[:rows], torch.randperm(N, generator=g)[:rows]]
     noises = [torch.zeros_like(flat), 0.3 * torch.randn(flat.shape, generator=g)]
     return [(flat + noise, {"data": batch}) for noise, batch in zip(noises, batches)]
 
@@ -489,7 +493,8 @@ def test_compiled_step_equals_eager(kind, data, monkeypatch):
     assert len(steps) == 1 and isinstance(steps[0].graph, compile_.CompiledFunction)
     eager_kernel, eager = run(False)
     assert eager_kernel.diagnostics()["num_diverging"] == num_diverging
-    assert int(compiled[-1][-4]) == 6 + warmup - num_diverging  # the noise estimate's count: the first draw's step and the rest
+    # the noise estimate's count: the first draw's step and the rest
+    assert int(compiled[-1][-4]) == 6 + warmup - num_diverging
     for a, b in zip(compiled, eager):
         for x, y in zip(a, b):
             torch.testing.assert_close(torch.as_tensor(x), torch.as_tensor(y), rtol=1e-5, atol=1e-6,
