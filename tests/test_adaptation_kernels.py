@@ -35,16 +35,6 @@ def pyro_model(X, y):
         pyro.sample("y", pdist.Normal(pyro.subsample(X, event_dim=1) @ w, NOISE), obs=pyro.subsample(y, event_dim=0))
 
 
-# the tests of the kernels on the conjugate regression share what they compile in a process: NumPyro's initial-value
-# search of `numpyro_model` (kept per model object, `ModelTarget._search_key`) and Pyro's graphs of `pyro_model` (its
-# gradient and the start's Hessian: `ppl_sgmcmc.pyro.compile` reuses a graph identical to one compiled before). Each
-# backend's tests run on one pytest-xdist worker (`--dist loadgroup`), which compiles them once, not once per worker.
-on_numpyro_regression = pytest.mark.xdist_group("adaptation_kernels_numpyro_regression")
-on_pyro_regression = pytest.mark.xdist_group("adaptation_kernels_pyro_regression")
-REGRESSION_BACKENDS = [pytest.param(np_backend, marks=on_numpyro_regression),
-                       pytest.param(pyro_backend, marks=on_pyro_regression)]  # fmt: skip
-
-
 def assert_sd_ratio_within(draws, low, high):
     """Each coordinate's sd over the exact posterior's lies in [low, high], widened by K_SIGMA MCSEs."""
     sd, mcse = sd_and_mcse(draws)
@@ -54,7 +44,6 @@ def assert_sd_ratio_within(draws, low, high):
     return ratio
 
 
-@on_numpyro_regression
 def test_numpyro_tuned_sgnht_samples_the_posterior_and_freezes():
     chains = 4
     kernel = np_backend.SGNHT(numpyro_model, steps_per_sample=10)
@@ -78,7 +67,6 @@ def test_numpyro_tuned_sgnht_samples_the_posterior_and_freezes():
     assert np.all(np.abs(mean - MEAN) < 0.2 * np.sqrt(np.diag(COV))), (mean - MEAN) / np.sqrt(np.diag(COV))
 
 
-@on_numpyro_regression
 @pytest.mark.parametrize("kernel_class", ["SGLD", "SGHMC", "PSGLD"])
 def test_numpyro_tuned_kernels_hit_their_noise_target(kernel_class):
     """The other kernels' tuned step sizes reach their noise ratio (0.1), so their variance is inflated by
@@ -92,7 +80,6 @@ def test_numpyro_tuned_kernels_hit_their_noise_target(kernel_class):
     assert_sd_ratio_within(np.asarray(mcmc.get_samples(group_by_chain=True)["w"]), 0.8, 1.25)
 
 
-@on_pyro_regression
 def test_pyro_tuned_sgnht_samples_the_posterior():
     pyro.set_rng_seed(0)
     kernel = pyro_backend.SGNHT(pyro_model, steps_per_sample=10)
@@ -311,7 +298,7 @@ def test_given_step_size_switches_tuning_off(backend):
     assert tuned.adapts and tuned.find_mode_steps > 0
 
 
-@pytest.mark.parametrize("backend", REGRESSION_BACKENDS)
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
 def test_psgld_regulariser_on_the_scale_of_the_scores(backend):
     """pSGLD's λ defaults to 1/sqrt(n N) with the warm-up's preconditioner (the RMS of a mean score of n rows
     in coordinates of unit posterior scale), so that G stays within a factor 2 of its typical value; 1e-5
@@ -389,7 +376,7 @@ def test_warmup_restarts_a_chain_that_runs_off(backend):
     assert np.all(np.isfinite(x)) and np.abs(x).max() < 4  # and the chain samples inside the wall afterwards
 
 
-@pytest.mark.parametrize("backend", REGRESSION_BACKENDS)
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
 def test_many_coordinates_use_the_hessian_diagonal(backend, monkeypatch):
     """Past EXACT_HESSIAN_MAX coordinates a diagonal preconditioner comes from Hutchinson's estimate of the Hessian's
     diagonal and the curvature from power iteration: on the conjugate regression (4 coordinates, the limit lowered
@@ -430,7 +417,7 @@ def preconditioner_scale(backend, kernel):
     return kernel.state.adapt_state.preconditioner.scale.numpy()
 
 
-@pytest.mark.parametrize("backend", REGRESSION_BACKENDS)
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
 def test_default_metric_is_dense_up_to_auto_dense_max(backend, monkeypatch):
     """``dense_mass=None`` (the default): a dense Laplace preconditioner for at most AUTO_DENSE_MAX coordinates (its
     ``L Lᵀ`` the inverse Hessian, correlations included), a diagonal one beyond; True and False force either."""

@@ -112,14 +112,7 @@ def _model(kind):
     return model
 
 
-# the network runs on one pytest-xdist worker (`--dist loadgroup`): the kernels share each model's compiled start (the
-# initial-value search, kept per model object by `ModelTarget._search_key`, and the start's Hessian and noise probe),
-# which its first run compiles, once in a process, not once per worker (the first run of a kind: about 5 s more)
-on_networks = pytest.mark.xdist_group("numpyro_modules_networks")
-
-
 @pytest.mark.slow
-@on_networks
 @pytest.mark.parametrize(("name", "kind"), RUNS)
 def test_network_runs_with_defaults(name, kind, data):
     """The kernel runs the network with its defaults (no step size): finite draws of every parameter site, with
