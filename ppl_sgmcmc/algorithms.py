@@ -1058,10 +1058,11 @@ class Algorithm(Generic[RuleStateT]):
             None if new is None else xp.where(off, new, old) for new, old in zip(restarted, rule_state)
         ))  # fmt: skip
         old_scale = adapt_state.preconditioner.scale
+        cap = self._step_cap(rule_state)  # the step size's cap at unit curvature
         adapt_state, factor = adaptation.adapt_step(
             adapt_state, u, position, energy, term, valid & ~off, i, ends, adapt_mass=self._adapt_mass and self.rescales_mass,
             tune_step_size=self._tune, target=self._target_noise_ratio, temperature=self.temperature_at(i),
-            max_step_size=self._step_cap(rule_state), gradient=noise_state.previous, branch=self._branch,
+            max_step_size=cap, gradient=noise_state.previous, branch=self._branch,
             widen=self.widens_mass,
         )  # fmt: skip
         if old_scale.ndim == 3:  # a low-rank preconditioner replaced: the rule restarts in the new coordinates
@@ -1079,7 +1080,7 @@ class Algorithm(Generic[RuleStateT]):
             step_size=xp.where(off, shrunk, adapt_state.step_size),
             restarts=adapt_state.restarts + xp.astype(off, adapt_state.restarts.dtype),
             # the run-off showed more curvature than the start did: no later re-tuning returns above the shrunk step
-            curvature=xp.where(off, xp.maximum(adapt_state.curvature, self._step_cap(rule_state) / shrunk),
+            curvature=xp.where(off, xp.maximum(adapt_state.curvature, cap / shrunk),
                                adapt_state.curvature),  # fmt: skip
             # the noise measured since the step size was last set includes the run-off's steps: dropped
             noise_sum=xp.where(off, xp.zeros_like(adapt_state.noise_sum), adapt_state.noise_sum),
