@@ -82,6 +82,7 @@ __all__ = [
     "LinearKSD",
     "StepHalvingResult",
     "energy_noise",
+    "fixed_rows",
     "flatten_draws",
     "imq_ksd",
     "imq_ksd_linear",
@@ -513,8 +514,9 @@ class _Run(Protocol):
         ``(chains, draws)`` or ``None``, for :func:`verdict`."""
         ...
 
-    def pointwise(self, num_draws: int, chunk_size: int | None) -> "_Pointwise":
-        """The per-datum log-likelihoods on the full data at ``num_draws`` draws evenly spaced over each chain,
+    def pointwise(self, num_draws: int, chunk_size: int | None, fixed: bool = False) -> "_Pointwise":
+        """The per-datum log-likelihoods on the full data (``fixed``: on the :func:`fixed_rows` of each subsampled
+        plate, whose ``(N, n)`` are then ``(n, n)``) at ``num_draws`` draws evenly spaced over each chain,
         evaluated lazily ``chunk_size`` draws at a time (``None``: see :func:`_rows_per_chunk`)."""
         ...
 
@@ -973,11 +975,9 @@ def _site_plates(
     return sites
 
 
-def _noise_sd(pointwise: _Pointwise, fn: str) -> np.ndarray:
-    """``σ(x) = sqrt(Σ_plates (N²/n) Var_i[ℓ_i(x)] (N - n)/(N - 1)^[without replacement])`` at each draw,
-    ``(chains, draws)``, ``ℓ_i`` the summed log-likelihood of row ``i`` of the plate over its observed sites."""
-    chains, draws = pointwise.shape
-    variance = np.zeros(chains * draws)
+def _per_row(pointwise: _Pointwise, fn: str) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """``(first row, {plate: ℓ (rows, plate size)})`` of each chunk of ``pointwise``: ``ℓ_i`` the log-likelihood of
+    row ``i`` of the plate summed over its observed sites (and over their other dimensions)."""
     for start, chunk in pointwise.chunks:
         rows: dict[str, np.ndarray] = {}
         for site, (plate, dim) in pointwise.sites.items():
@@ -990,11 +990,52 @@ def _noise_sd(pointwise: _Pointwise, fn: str) -> np.ndarray:
                 )
             per_row = np.moveaxis(values, dim, -1).reshape(len(values), -1, size).sum(axis=1)
             rows[plate] = rows[plate] + per_row if plate in rows else per_row
+        yield start, rows
+
+
+def _noise_sd(pointwise: _Pointwise, fn: str) -> np.ndarray:
+    """``σ(x) = sqrt(Σ_plates (N²/n) Var_i[ℓ_i(x)] (N - n)/(N - 1)^[without replacement])`` at each draw,
+    ``(chains, draws)``, ``ℓ_i`` the summed log-likelihood of row ``i`` of the plate over its observed sites."""
+    chains, draws = pointwise.shape
+    variance = np.zeros(chains * draws)
+    for start, rows in _per_row(pointwise, fn):
         for plate, per_row in rows.items():
             size, n = pointwise.plates[plate]
             factor = size * size / n * (1.0 if pointwise.replace else (size - n) / (size - 1))
             variance[start : start + len(per_row)] += factor * per_row.var(axis=1)
     return np.sqrt(variance).reshape(chains, draws)
+
+
+def fixed_rows(size: int, n: int) -> np.ndarray:
+    """The ``n`` rows of a plate of ``size`` whose log-likelihoods :func:`verdict` judges as predictions: one
+    minibatch's worth, evenly spread over the data (the data's order then matters less than with the first ``n``).
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.diagnostics import fixed_rows
+        >>> fixed_rows(10, 4).tolist()
+        [0, 2, 5, 7]
+    """
+    return np.arange(n) * size // n
+
+
+def _row_log_likelihoods(run: _Run, fn: str) -> np.ndarray:
+    """The log-likelihoods of the :func:`fixed_rows` of each subsampled plate at the draws the verdict reads,
+    ``(chains, draws, rows)`` (the plates' rows side by side, in the order of their names)."""
+    kernel = run.kernel
+    if kernel._model is None or kernel._gibbs is not None:
+        raise ValueError(
+            f"{fn}: judging the predictions needs the model's log-likelihood of data rows, which "
+            + ("a kernel built from `potential_fn` does not give."
+               if kernel._model is None else "a model with local Gibbs sites gives only with them marginalised.")
+        )  # fmt: skip
+    pointwise = run.pointwise(_verdict.MAX_DRAWS, None, fixed=True)
+    if not pointwise.sites:
+        raise ValueError(f"{fn}: judging the predictions needs an observed site in a plate with `subsample_size`.")
+    chains, draws = pointwise.shape
+    rows = [np.concatenate([per_row[plate] for plate in sorted(per_row)], axis=-1)
+            for _, per_row in _per_row(pointwise, fn)]  # fmt: skip
+    return np.concatenate(rows).reshape(chains, draws, -1)
 
 
 def _noise_report(sigma: np.ndarray, gap: np.ndarray, tau: float) -> tuple["pd.DataFrame", float, list[str]]:
@@ -1142,7 +1183,9 @@ def energy_noise(mcmc: Any, num_draws: int = 100, *, chunk_size: int | None = No
     return result
 
 
-def verdict(mcmc: Any, *, warn: bool = True) -> "_verdict.Verdict":
+def verdict(
+    mcmc: Any, *, warn: bool = True, judge: str = "parameters", predictions: Any = None
+) -> "_verdict.Verdict":
     """The end-of-run verdict (:mod:`ppl_sgmcmc.verdict`) of a finished run of a ppl_sgmcmc kernel
     (``numpyro.infer.MCMC`` or ``pyro.infer.MCMC``), from its kept draws of every latent site and their noise
     ratios (and the potential energy where it was collected): whether the chains agree (split rank-normalised
@@ -1151,9 +1194,23 @@ def verdict(mcmc: Any, *, warn: bool = True) -> "_verdict.Verdict":
     (each chain) run it at the end of every run; call it after a ``numpyro.infer.MCMC`` run, or to judge all
     of a Pyro run's chains together.
 
+    A model with symmetries (a network's permutable hidden units, a mixture's labels) is judged on its predictions
+    with ``judge="predictions"``: the log-likelihoods of one minibatch's worth of data rows (:func:`fixed_rows`) at
+    the judged draws, which the symmetries leave alone (see :mod:`ppl_sgmcmc.verdict`), or the ``predictions``
+    given. Judging the parameters (the default), a run whose chains disagree is also judged on those predictions
+    where the model gives them, and the verdict says when they agree. The rows' log-likelihoods see the function
+    on the data; predictions far from the data (a network's extrapolation) are judged only when given: e.g. the
+    draws of ``f(x)`` at the inputs that matter, from ``numpyro.infer.Predictive`` or ``pyro.infer.Predictive``.
+
     :param mcmc: the finished run.
     :param warn: also warn (one ``RuntimeWarning`` naming what failed and what to do) if it failed.
+    :param judge: ``"parameters"`` or ``"predictions"`` (:data:`ppl_sgmcmc.verdict.JUDGES`).
+    :param predictions: the predictions to judge, ``(chains, draws, k)`` (all the run's draws, or the at most
+        :data:`~ppl_sgmcmc.verdict.MAX_DRAWS` per chain evenly spaced that the verdict reads); ``None``: the rows'
+        log-likelihoods.
     :return: the :class:`~ppl_sgmcmc.verdict.Verdict`.
+    :raises ValueError: for another ``judge``, or ``judge="predictions"`` on a run without a model's
+        log-likelihood of data rows (a ``potential_fn``, local Gibbs sites, no observed site in a subsampled plate).
 
     **Example** (two chains of 2000 draws of a standard normal: they agree)::
 
@@ -1168,10 +1225,26 @@ def verdict(mcmc: Any, *, warn: bool = True) -> "_verdict.Verdict":
         >>> verdict(mcmc).ok
         True
     """
+    if judge not in _verdict.JUDGES:
+        raise ValueError(f"verdict: `judge` must be one of {_verdict.JUDGES}, got {judge!r}.")
     run = _run_of(mcmc, "verdict")
     draws, noise_ratio, energy = run.kept()
-    result = _verdict.assess(draws, energy=energy, noise_ratio=noise_ratio, noise_limit=run.kernel.noise_ratio_limit,
-                             warmup=run.warmup_fit(), advice=run.kernel.verdict_advice(run.final_rule_state()))  # fmt: skip
+    common = {"energy": energy, "noise_ratio": noise_ratio, "noise_limit": run.kernel.noise_ratio_limit,
+              "warmup": run.warmup_fit(), "advice": run.kernel.verdict_advice(run.final_rule_state())}  # fmt: skip
+    if judge == "predictions":
+        given = _row_log_likelihoods(run, "verdict") if predictions is None else predictions
+        result = _verdict.assess(draws, predictions=given, judge=judge, **common)
+    else:
+        result = _verdict.assess(draws, predictions=predictions, **common)
+        if result.unmixed and predictions is None:  # do the predictions agree (a model with symmetries)?
+            try:
+                with warnings.catch_warnings():  # e.g. Pyro's note that the model is evaluated draw by draw
+                    warnings.simplefilter("ignore")
+                    predictions = _row_log_likelihoods(run, "verdict")
+            except Exception:  # noqa: BLE001 - a model whose rows cannot be evaluated keeps the parameters' verdict
+                predictions = None
+            if predictions is not None:
+                result = _verdict.assess(draws, predictions=predictions, **common)
     if warn:
         _verdict.report(result, run.kernel.name)
     return result

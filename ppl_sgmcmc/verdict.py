@@ -25,6 +25,17 @@ nutpie do at the end of a run:
   :data:`NOISE_QUANTILE` quantile above the algorithm's limit means that the step size is too large for the
   gradient noise somewhere the chain went, even when it was right where it was tuned.
 
+**Models with symmetries.** A network's hidden units can be permuted and their signs flipped, a mixture's labels
+switched, without changing the likelihood: the posterior holds many copies of itself, and chains that start
+apart stay in different copies however long they run, with NUTS as with SG-MCMC. Their parameters disagree (an
+R-hat far above 1) while every prediction agrees, and the approximate-inference literature judges such a
+posterior in function space (Izmailov, Vikram, Hoffman & Wilson, "What Are Bayesian Neural Network Posteriors
+Really Like?", ICML 2021). The backends give the verdict ``predictions``: each judged draw's log-likelihood of
+fixed data rows (the rows of one minibatch, evenly spread over the data), which no such symmetry changes. With
+``judge="predictions"`` the watched quantities are those (their coordinates, leading directions and radius, and
+the energy) instead of the parameters; with the default ``judge="parameters"`` a run whose chains disagree on the
+parameters but agree on the predictions says so and names the other judge.
+
 :func:`assess` computes a :class:`Verdict` from arrays (backend-neutral, NumPy); :func:`report` warns with one
 ``RuntimeWarning`` naming what failed and what to do. The backends call them at the end of a run
 (:class:`ppl_sgmcmc.numpyro.MCMC`, each chain of ``pyro.infer.MCMC``); :func:`ppl_sgmcmc.diagnostics.verdict`
@@ -54,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from ppl_sgmcmc.adaptation import MIN_EFFECTIVE
+from ppl_sgmcmc.algorithms import MAX_DENSE_DIM
 
 __all__ = [
     "DIRECTIONS",
@@ -61,6 +73,7 @@ __all__ = [
     "DRIFT_TAIL",
     "DRIFT_Z",
     "ESS_PER_CHAIN",
+    "JUDGES",
     "KeptDraws",
     "MAX_COORDINATES",
     "MAX_DRAWS",
@@ -69,6 +82,7 @@ __all__ = [
     "RHAT_SEVERE",
     "SEVERE",
     "SHORT",
+    "SYMMETRIC",
     "Verdict",
     "assess",
     "report",
@@ -93,9 +107,13 @@ DRIFT_HEAD, DRIFT_TAIL = 0.1, 0.5
 DRIFT_Z = 4.0
 #: The quantile of the kept draws' noise ratios compared with the algorithm's limit.
 NOISE_QUANTILE = 0.9
-#: The warnings' leads: draws that are probably not a sample of the posterior, and a run too short to trust.
+#: The warnings' leads: draws that are probably not a sample of the posterior, a run too short to trust, and chains
+#: that agree on the predictions only (a model with symmetries).
 SEVERE = "the draws are probably not a sample of the posterior yet"
 SHORT = "the run is too short for reliable estimates"
+SYMMETRIC = "the chains agree on the model's predictions but not on its parameters"
+#: What the verdict can judge: the parameters' draws, or the predictions' (the log-likelihoods of fixed data rows).
+JUDGES = ("parameters", "predictions")
 #: Fewer draws per chain than this are too few to judge: no verdict.
 MIN_DRAWS = 20
 
@@ -116,6 +134,12 @@ class Verdict:
       message says what it means for the fix.
     - **advice**: the algorithm's own fixes for what its final state shows
       (:meth:`~ppl_sgmcmc.algorithms.Algorithm.verdict_advice`), put first in a failed run's message.
+    - **judged**: what the watched quantities were (one of :data:`JUDGES`).
+    - **parameters_rhat**: ``(R-hat, quantity)`` of the parameters where the chains disagreed on them while they
+      agreed on the predictions, judging the parameters (:attr:`symmetric`); the other statistics are then the
+      predictions' (``judged="predictions"``), and the run fails. ``None`` otherwise.
+    - **dimension**: the draws' coordinates ``d`` (0: not known), which decides whether the message can offer a
+      dense metric (at most :data:`~ppl_sgmcmc.algorithms.MAX_DENSE_DIM` coordinates).
     """
 
     num_chains: int
@@ -130,6 +154,14 @@ class Verdict:
     noise_limit: float = math.inf
     warmup: tuple[float, float, int] | None = None
     advice: tuple[str, ...] = ()
+    judged: str = "parameters"
+    parameters_rhat: tuple[float, str] | None = None
+    dimension: int = 0
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether the chains disagree on the parameters but agree on the predictions (:attr:`parameters_rhat`)."""
+        return self.parameters_rhat is not None
 
     @property
     def unmixed(self) -> bool:
@@ -154,7 +186,7 @@ class Verdict:
     @property
     def ok(self) -> bool:
         """Whether the run passes every test."""
-        return not (self.unmixed or self.too_few or self.drifting or self.noisy)
+        return not (self.unmixed or self.symmetric or self.too_few or self.drifting or self.noisy)
 
     @property
     def severe(self) -> bool:
@@ -172,11 +204,28 @@ class Verdict:
             SGLD: the draws are probably not a sample of the posterior yet: ...
             >>> print(Verdict(4, 1000, 1.02, "theta[2]", 300.0, 900.0, 1.0, "radius").message("SGLD"))
             SGLD: the run is too short for reliable estimates: ...
+            >>> symmetric = Verdict(4, 1000, 1.003, "prediction[3]", 900.0, 900.0, 1.0, "radius",
+            ...                     judged="predictions", parameters_rhat=(2.1, "theta[2]"))
+            >>> print(symmetric.message("SGLD"))
+            SGLD: the chains agree on the model's predictions but not on its parameters: ...
         """
         seen: list[str] = []
         fixes: list[str] = []
+        chains = "the chains disagree" if self.num_chains > 1 else "the two halves of the chain disagree"
+        if self.parameters_rhat is not None:
+            rhat, of = self.parameters_rhat
+            seen.append(
+                f"{chains} on the parameters (R-hat {rhat:.3f} on {of}, above {RHAT_LIMIT}) but agree on the "
+                f"predictions (R-hat at most {self.rhat:.3f}): if the model "
+                "has symmetries (a network's hidden units can be permuted, a mixture's labels switched), each chain "
+                "holds its own copy of one posterior, whose predictions can be trusted and whose parameters' summaries "
+                "cannot"
+            )
+            fixes.append(
+                "for such a model, judge the predictions: MCMC(..., verdict=\"predictions\") "
+                "(ppl_sgmcmc.numpyro.MCMC) or ppl_sgmcmc.diagnostics.verdict(mcmc, judge=\"predictions\")"
+            )
         if self.unmixed:
-            chains = "the chains disagree" if self.num_chains > 1 else "the two halves of the chain disagree"
             seen.append(f"{chains} (R-hat {self.rhat:.3f} on {self.rhat_of}, above {RHAT_LIMIT})")
         if self.too_few:
             seen.append(
@@ -192,11 +241,13 @@ class Verdict:
         fixes.extend(self.advice)
         if self.unmixed or self.too_few or self.drifting:
             fixes.append(self._run_longer())
-            fixes.append(
-                "for a correlated posterior with a diagonal metric (the default beyond 256 coordinates), "
-                "dense_mass=True (a dense metric mixes along correlated directions that a diagonal one crosses slowly)"
-            )
-            if self.drifting:
+            if self.dimension <= MAX_DENSE_DIM:
+                fixes.append(
+                    "for a correlated posterior with a diagonal metric (the default beyond 256 coordinates), "
+                    "dense_mass=True (a dense metric mixes along correlated directions that a diagonal one crosses "
+                    "slowly)"
+                )
+            if self.drifting and self.warmup is None:  # nothing adapted: probably a hand-set step size
                 fixes.append("with a hand-set step_size, leave it unset so that the warm-up starts from a mode")
         if self.noisy:
             seen.append(
@@ -204,8 +255,9 @@ class Verdict:
                 f"the limit is {self.noise_limit:g}): the gradient noise where the chain went biases the draws"
             )
             fixes.append("a smaller step size (target_noise_ratio, or a smaller step_size) or a larger subsample_size")
+        lead = SEVERE if self.severe else SHORT if self.unmixed or self.too_few else SYMMETRIC
         return (
-            f"{kernel}: " + (SEVERE if self.severe else SHORT) + ": " + "; ".join(seen) + ". "
+            f"{kernel}: " + lead + ": " + "; ".join(seen) + ". "
             + "Try: " + "; or ".join(fixes) + ". (ppl_sgmcmc.verdict; `mcmc.print_summary()` shows r_hat and n_eff.)"
         )
 
@@ -241,14 +293,23 @@ def _standardised(x: np.ndarray) -> np.ndarray:
     return (x - centre) / np.where(scale > 0, scale, 1.0)
 
 
-def _watched(draws: np.ndarray, index: np.ndarray,
-             energy: np.ndarray | None) -> tuple[np.ndarray, list[str], list[int]]:  # fmt: skip
+#: The names of the watched quantities of each judge: a coordinate, a leading direction, the radius.
+_NAMES = {
+    "parameters": ("theta[{}]", "principal direction {}", "the radius |θ|² (standardised)"),
+    "predictions": ("prediction[{}]", "the predictions' principal direction {}", "the predictions' radius (standardised)"),
+}  # fmt: skip
+
+
+def _watched(draws: np.ndarray, index: np.ndarray, energy: np.ndarray | None,
+             judged: str = "parameters") -> tuple[np.ndarray, list[str], list[int]]:  # fmt: skip
     """The watched quantities ``(chains, draws, k)`` of the watched coordinates ``draws`` (the flattened draws'
-    coordinates ``index``), their names, and which of them the drift test reads."""
+    coordinates ``index``, of the parameters or the predictions: ``judged``), their names, and which of them
+    the drift test reads."""
+    coordinate, direction, radius = _NAMES[judged]
     chains, n, d = draws.shape
     z = _standardised(draws)
     columns = [draws]
-    names = [f"theta[{k}]" for k in index]
+    names = [coordinate.format(k) for k in index]
     drift = []
     pooled = z.reshape(-1, d)
     varying = pooled.std(axis=0) > 0
@@ -257,10 +318,10 @@ def _watched(draws: np.ndarray, index: np.ndarray,
         directions = vt[: min(DIRECTIONS, vt.shape[0])]
         columns.append(z[..., varying] @ directions.T)
         drift += list(range(len(names), len(names) + directions.shape[0]))
-        names += [f"principal direction {j + 1}" for j in range(directions.shape[0])]
+        names += [direction.format(j + 1) for j in range(directions.shape[0])]
     columns.append(np.sum(z * z, axis=-1, keepdims=True))
     drift.append(len(names))
-    names.append("the radius |θ|² (standardised)")
+    names.append(radius)
     if energy is not None:
         columns.append(np.asarray(energy, np.float64).reshape(chains, n, 1))
         drift.append(len(names))
@@ -357,6 +418,28 @@ class KeptDraws:
         return np.stack(self.rows)[None]
 
 
+def _selected(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At most :data:`MAX_COORDINATES` coordinates of ``(chains, draws, d)`` and :data:`MAX_DRAWS` draws per chain
+    (selected and thinned before any copy: a network's draws may be gigabytes), those whose draws are all finite,
+    and their indices."""
+    index = _coordinates(values.shape[-1])
+    x = _thinned(values[..., index]).astype(np.float64)
+    finite = np.isfinite(x).all(axis=(0, 1))
+    return x[..., finite], index[finite]
+
+
+def _predictions(predictions: Any, chains: int, n: int) -> np.ndarray:
+    """``predictions`` as ``(chains, draws, k)`` at the draws :func:`_thinned` keeps of ``n``."""
+    p = np.asarray(predictions)
+    kept = min(n, MAX_DRAWS)
+    if p.ndim != 3 or p.shape[0] != chains or p.shape[1] not in (n, kept):
+        raise ValueError(
+            f"verdict: `predictions` must be (chains, draws, k) with the draws' {chains} chains and {n} draws (or "
+            f"the {kept} of them the verdict reads), got shape {p.shape}."
+        )
+    return _thinned(p) if p.shape[1] == n else p
+
+
 def assess(
     draws: Any,
     *,
@@ -365,6 +448,8 @@ def assess(
     noise_limit: float = math.inf,
     warmup: tuple[float, float, int] | None = None,
     advice: tuple[str, ...] = (),
+    predictions: Any = None,
+    judge: str = "parameters",
 ) -> Verdict:
     """The verdict on a run's kept draws.
 
@@ -376,48 +461,82 @@ def assess(
     :param noise_limit: the algorithm's noise-ratio limit (:attr:`~ppl_sgmcmc.algorithms.Algorithm.noise_ratio_limit`).
     :param warmup: what the warm-up's last slow window found (:attr:`Verdict.warmup`), or ``None``.
     :param advice: the algorithm's own fixes (:attr:`Verdict.advice`).
-    :raises ValueError: for draws of another shape, or fewer than 20 per chain.
+    :param predictions: quantities that the model's symmetries leave alone, ``(chains, draws, k)``: the
+        log-likelihoods of fixed data rows at each draw (or at the at most :data:`MAX_DRAWS` draws per chain the
+        verdict reads, evenly spaced), or ``None``.
+    :param judge: ``"parameters"`` (default) watches the draws; where the chains disagree on them, and agree on
+        the ``predictions`` given, the verdict is the predictions' and fails as :attr:`Verdict.symmetric`.
+        ``"predictions"`` watches the predictions instead of the draws (a model with symmetries; see the module's
+        docstring).
+    :raises ValueError: for draws or predictions of another shape, fewer than 20 draws per chain, an unknown
+        ``judge``, or ``judge="predictions"`` without predictions.
+
+    **Example** (two chains in mirror-image modes of ``y ~ N(a b, 1)``: ``(a, b)`` and ``(-a, -b)`` predict alike)::
+
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(1)
+        >>> ab = 1.0 + 0.1 * rng.normal(size=(2, 1000, 2))
+        >>> ab[1] *= -1.0
+        >>> f = (ab[..., 0] * ab[..., 1])[..., None]  # the prediction at each draw
+        >>> assess(ab).ok, assess(ab, predictions=f).symmetric, assess(ab, predictions=f, judge="predictions").ok
+        (False, True, True)
     """
+    if judge not in JUDGES:
+        raise ValueError(f"verdict: `judge` must be one of {JUDGES}, got {judge!r}.")
     x = np.asarray(draws)
     if x.ndim != 3:
         raise ValueError(f"verdict: `draws` must be (chains, draws, d), got shape {x.shape}.")
     chains, n, d = x.shape
     if n < MIN_DRAWS:
         raise ValueError(f"verdict: {n} draws per chain are too few to judge (at least {MIN_DRAWS}).")
-    index = _coordinates(d)  # selected and thinned before any copy: a network's draws may be gigabytes
-    x = _thinned(x[..., index]).astype(np.float64)
-    finite = np.isfinite(x).all(axis=(0, 1))
-    if not finite.any():  # every coordinate has a non-finite draw: nothing to compare, and nothing to trust
-        return Verdict(chains, n, math.inf, "every coordinate (non-finite draws)", 0.0, 0.0, math.inf, "the draws")
-    x, index = x[..., finite], index[finite]
+    if predictions is None and judge == "predictions":
+        raise ValueError("verdict: judge='predictions' needs `predictions` (chains, draws, k).")
+    p = None if predictions is None else _predictions(predictions, chains, n)
     e = None if energy is None else _thinned(np.asarray(energy, np.float64).reshape(chains, n))
     if e is not None and not np.isfinite(e).all():
         e = None
-    quantities, names, drifting = _watched(x, index, e)
-    rhat, bulk, tail = _diagnostics(quantities)
-    rhat = np.where(np.isfinite(rhat), rhat, 1.0)  # a constant quantity: nothing to compare
-    worst = int(np.argmax(rhat))
-    drift = _drift(quantities[..., drifting]).max(axis=0)
-    worst_drift = int(np.argmax(drift))
+    judged = x if p is None or judge == "parameters" else p
+    statistics = _statistics(judged, e, judge)
+    if statistics is None:  # every coordinate has a non-finite draw: nothing to compare, and nothing to trust
+        return Verdict(chains, n, math.inf, "every coordinate (non-finite draws)", 0.0, 0.0, math.inf, "the draws",
+                       judged=judge, dimension=d)  # fmt: skip
+    parameters_rhat = None
+    if p is not None and judge == "parameters" and statistics["rhat"] > RHAT_LIMIT:
+        on_predictions = _statistics(p, e, "predictions")
+        if on_predictions is not None and on_predictions["rhat"] <= RHAT_LIMIT:  # copies of one posterior
+            parameters_rhat = (statistics["rhat"], statistics["rhat_of"])
+            statistics, judge = on_predictions, "predictions"
     ratio = math.nan
     if noise_ratio is not None:
         ratios = np.asarray(noise_ratio, np.float64)
         ratios = ratios[np.isfinite(ratios)]
         ratio = float(np.quantile(ratios, NOISE_QUANTILE)) if ratios.size else math.nan
-    return Verdict(
-        num_chains=chains,
-        num_draws=n,
-        rhat=float(rhat[worst]),
-        rhat_of=names[worst],
-        ess_bulk=float(np.nanmin(np.where(np.isfinite(bulk), bulk, np.inf))),
-        ess_tail=float(np.nanmin(np.where(np.isfinite(tail), tail, np.inf))),
-        drift=float(drift[worst_drift]),
-        drift_of=names[drifting[worst_drift]],
-        noise_ratio=ratio,
-        noise_limit=noise_limit,
-        warmup=warmup,
-        advice=tuple(advice),
-    )
+    return Verdict(num_chains=chains, num_draws=n, **statistics, noise_ratio=ratio, noise_limit=noise_limit,
+                   warmup=warmup, advice=tuple(advice), judged=judge, parameters_rhat=parameters_rhat,
+                   dimension=d)  # fmt: skip
+
+
+def _statistics(values: np.ndarray, energy: np.ndarray | None, judged: str) -> dict[str, Any] | None:
+    """:class:`Verdict`'s R-hat, ESS and drift fields from the watched quantities of ``values`` ``(chains, draws,
+    d)`` (the parameters' or the predictions': ``judged``) and the thinned ``energy``; ``None`` if no coordinate
+    has only finite draws."""
+    selected, index = _selected(values)
+    if selected.shape[-1] == 0:
+        return None
+    quantities, names, drifting = _watched(selected, index, energy, judged)
+    rhat, bulk, tail = _diagnostics(quantities)
+    rhat = np.where(np.isfinite(rhat), rhat, 1.0)  # a constant quantity: nothing to compare
+    worst = int(np.argmax(rhat))
+    drift = _drift(quantities[..., drifting]).max(axis=0)
+    worst_drift = int(np.argmax(drift))
+    return {
+        "rhat": float(rhat[worst]),
+        "rhat_of": names[worst],
+        "ess_bulk": float(np.nanmin(np.where(np.isfinite(bulk), bulk, np.inf))),
+        "ess_tail": float(np.nanmin(np.where(np.isfinite(tail), tail, np.inf))),
+        "drift": float(drift[worst_drift]),
+        "drift_of": names[drifting[worst_drift]],
+    }
 
 
 def report(verdict: Verdict, kernel: str, stacklevel: int = 2) -> None:

@@ -1,21 +1,30 @@
 """The end-of-run verdict (ppl_sgmcmc.verdict) on arrays with known answers, and on runs of both backends."""
 
+import dataclasses
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pyro
+import pyro.distributions as pyro_dist
 import pytest
 import torch
 from numpyro.infer import MCMC as NumPyroMCMC
 from pyro.infer import MCMC as PyroMCMC
+from scipy import stats
 
 from ppl_sgmcmc import checkpoint, verdict
+from ppl_sgmcmc.algorithms import MAX_DENSE_DIM
+from ppl_sgmcmc.diagnostics import _row_log_likelihoods, fixed_rows
 from ppl_sgmcmc.diagnostics import verdict as run_verdict
 from ppl_sgmcmc.numpyro import MCMC, SGLD, SGNHT
 from ppl_sgmcmc.numpyro import kernel as numpyro_kernel
 from ppl_sgmcmc.numpyro.scores import RunView
 from ppl_sgmcmc.pyro import SGLD as PyroSGLD
+from ppl_sgmcmc.pyro.scores import RunView as PyroRunView
 from tests.numpyro.conftest import logistic_model
 
 VERDICT = "(ppl_sgmcmc.verdict;"
@@ -109,6 +118,17 @@ def test_message_names_the_failures_and_the_fixes():
     assert not short.severe and short.message("SGLD").startswith(f"SGLD: {verdict.SHORT}: ")
 
 
+def test_the_fixes_offered_are_those_the_run_can_take():
+    """A dense metric is offered only where the draws' dimension allows one, and leaving the step size unset only
+    where nothing adapted (a tuned step size is unset already)."""
+    drifting = verdict.Verdict(4, 1000, 1.3, "theta[2]", 40.0, 90.0, 9.0, "the radius")
+    assert "dense_mass=True" in drifting.message("SGLD") and "leave it unset" in drifting.message("SGLD")
+    network = dataclasses.replace(drifting, dimension=MAX_DENSE_DIM + 1, warmup=(0.5, 1.0, 0))
+    assert "dense_mass=True" not in network.message("SGLD") and "leave it unset" not in network.message("SGLD")
+    assert "run longer" in network.message("SGLD")
+    assert verdict.assess(np.random.default_rng(0).normal(size=(2, 100, 7))).dimension == 7
+
+
 def test_the_algorithms_advice_comes_first_and_only_for_a_failed_run():
     rng = np.random.default_rng(0)
     advice = ("anchor_every='epoch': the ladder collapsed",)
@@ -127,6 +147,58 @@ def test_draws_without_a_finite_coordinate_fail():
 def test_bad_shapes_are_refused(bad):
     with pytest.raises(ValueError, match="verdict"):
         verdict.assess(bad)
+
+
+# --- models with symmetries: the predictions ----------------------------------------------------------------------
+def mirrored(rng, draws=1000, rows=8):
+    """Four chains of ``(a, b)`` around ``(±1, 0.5)`` (two in each mirror image) and their predictions ``a² + b x_j``
+    at ``rows`` inputs, which the sign of ``a`` does not change."""
+    ab = np.stack([1.0 + 0.05 * rng.normal(size=(4, draws)), 0.5 + 0.05 * rng.normal(size=(4, draws))], axis=-1)
+    ab[2:, :, 0] *= -1.0
+    x = np.linspace(-1.0, 1.0, rows)
+    return ab, ab[..., :1] ** 2 + ab[..., 1:] * x
+
+
+def test_mirror_image_chains_agree_on_the_predictions():
+    ab, f = mirrored(np.random.default_rng(0))
+    result = verdict.assess(ab, predictions=f)
+    assert result.symmetric and not result.unmixed and not result.severe and not result.ok
+    assert result.parameters_rhat[0] > 1.5 and result.parameters_rhat[1] == "theta[0]"
+    assert result.judged == "predictions" and result.rhat <= verdict.RHAT_LIMIT and not result.too_few
+    text = result.message("SGLD")
+    assert text.startswith(f"SGLD: {verdict.SYMMETRIC}: ") and 'verdict="predictions"' in text
+    assert 'judge="predictions"' in text and "run longer" not in text  # running longer joins no copies
+    judged = verdict.assess(ab, predictions=f, judge="predictions")
+    assert judged.ok and judged.judged == "predictions" and judged.parameters_rhat is None
+    assert verdict.assess(ab).severe  # without predictions: chains that never met
+
+
+def test_predictions_that_disagree_are_judged_as_such():
+    ab, f = mirrored(np.random.default_rng(0))
+    f[2:] += 1.0  # the second pair of chains predicts otherwise: not a copy of the first pair's posterior
+    result = verdict.assess(ab, predictions=f)
+    assert not result.symmetric and result.severe and result.judged == "parameters"
+    assert result.message("SGLD").startswith(f"SGLD: {verdict.SEVERE}")
+    judged = verdict.assess(ab, predictions=f, judge="predictions")
+    assert judged.unmixed and judged.severe and judged.rhat_of.startswith("prediction[")
+
+
+def test_predictions_at_the_thinned_draws_are_read():
+    ab, f = mirrored(np.random.default_rng(0), draws=3 * verdict.MAX_DRAWS, rows=2)
+    thinned = f[:, np.arange(verdict.MAX_DRAWS) * f.shape[1] // verdict.MAX_DRAWS]
+    assert verdict.assess(ab, predictions=thinned) == verdict.assess(ab, predictions=f)
+    assert verdict.assess(ab, predictions=f).symmetric
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"judge": "functions"}, "`judge` must be one of"), ({"judge": "predictions"}, "needs `predictions`"),
+     ({"predictions": np.zeros((3, 100, 2))}, "with the draws' 4 chains"),
+     ({"predictions": np.zeros((4, 99, 2))}, "with the draws' 4 chains and 100 draws")],
+)  # fmt: skip
+def test_bad_predictions_and_judges_are_refused(options, match):
+    with pytest.raises(ValueError, match=match):
+        verdict.assess(np.zeros((4, 100, 2)), **options)
 
 
 def test_kept_draws_stay_evenly_spaced_and_bounded():
@@ -274,3 +346,93 @@ def test_an_advisory_health_warning_leaves_the_verdict_to_judge(monkeypatch, kin
     assert not reporter.named_failure
     reporter.reported.add("rejections")
     assert reporter.named_failure
+
+
+# --- models with symmetries: the runs' predictions, on both backends ------------------------------------------------
+MIRROR_N, MIRROR_BATCH = 1000, 200
+
+
+def mirror_data():
+    """``y = 1 + x/2 + N(0, 1/4)``: the models below fit ``y ~ N(a² + b x, 1/2)``, whose posterior has two mirror
+    images, ``a ≈ 1`` and ``a ≈ -1``, that predict alike."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=MIRROR_N)
+    return x, 1.0 + 0.5 * x + 0.5 * rng.normal(size=MIRROR_N)
+
+
+def numpyro_mirror(x, y):
+    a = numpyro.sample("a", dist.Normal(0.0, 2.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+    with numpyro.plate("data", x.shape[0], subsample_size=MIRROR_BATCH):
+        xb = numpyro.subsample(x, event_dim=0)
+        numpyro.sample("y", dist.Normal(a * a + b * xb, 0.5), obs=numpyro.subsample(y, event_dim=0))
+
+
+def pyro_mirror(x, y):
+    a = pyro.sample("a", pyro_dist.Normal(0.0, 2.0))
+    b = pyro.sample("b", pyro_dist.Normal(0.0, 2.0))
+    with pyro.plate("data", x.shape[0], subsample_size=MIRROR_BATCH):
+        xb = pyro.subsample(x, event_dim=0)
+        pyro.sample("y", pyro_dist.Normal(a * a + b * xb, 0.5), obs=pyro.subsample(y, event_dim=0))
+
+
+def exact_rows(samples):
+    """The log-likelihoods of the fixed rows at each draw of ``samples`` ``{site: (chains, draws)}``."""
+    x, y = mirror_data()
+    rows = fixed_rows(MIRROR_N, MIRROR_BATCH)
+    a, b = (np.asarray(samples[name], np.float64)[..., None] for name in ("a", "b"))
+    return stats.norm.logpdf(y[rows], a * a + b * x[rows], 0.5)
+
+
+def test_numpyro_chains_in_mirror_images_are_told_apart_from_chains_that_never_met():
+    """Two chains started in the two mirror images: judging the parameters, the run fails as a symmetric one (not
+    as chains that never met) and names the other judge; judging the predictions, it passes. The predictions are
+    the exact log-likelihoods of the fixed rows."""
+    x, y = (jnp.asarray(v, jnp.float32) for v in mirror_data())
+    init = {"a": jnp.array([1.0, -1.0]), "b": jnp.array([0.5, 0.5])}
+    runs = {}
+    for judge in (True, "predictions"):
+        mcmc = MCMC(SGNHT(numpyro_mirror, steps_per_sample=10), num_warmup=100, num_samples=1000, num_chains=2,
+                    chain_method="vectorized", progress_bar=False, verdict=judge)  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mcmc.run(jax.random.PRNGKey(0), x, y, init_params=init)
+        runs[judge] = mcmc, verdicts(caught)
+    (mcmc, messages), (judged, quiet) = runs[True], runs["predictions"]
+    assert len(messages) == 1 and messages[0].startswith(f"SGNHT: {verdict.SYMMETRIC}: ")
+    assert 'verdict="predictions"' in messages[0] and mcmc.last_verdict.parameters_rhat[0] > 1.5
+    assert quiet == [] and judged.last_verdict.ok and judged.last_verdict.judged == "predictions"
+    samples = mcmc.get_samples(group_by_chain=True)
+    np.testing.assert_allclose(_row_log_likelihoods(RunView(mcmc, "test"), "test"), exact_rows(samples), rtol=1e-4,
+                               atol=1e-4)  # fmt: skip
+    f = np.asarray(samples["a"] ** 2)[..., None] + np.asarray(samples["b"])[..., None] * np.linspace(-5, 5, 4)
+    assert run_verdict(mcmc, warn=False, judge="predictions", predictions=f).ok  # predictions given: far out too
+    assert run_verdict(mcmc, warn=False, predictions=f).symmetric
+    f[1] += 0.1  # the second chain's predictions off by 1.2-3 posterior sds: no copy of the first's
+    assert run_verdict(mcmc, warn=False, judge="predictions", predictions=f).severe
+
+
+def test_pyro_predictions_are_the_log_likelihoods_of_fixed_rows():
+    x, y = (torch.tensor(v, dtype=torch.float32) for v in mirror_data())
+    pyro.set_rng_seed(0)
+    mcmc = PyroMCMC(PyroSGLD(pyro_mirror, step_size=1e-4, compile_potential=False), warmup_steps=0, num_samples=30,
+                    initial_params={"a": torch.tensor(-1.0), "b": torch.tensor(0.5)}, disable_progbar=True)  # fmt: skip
+    with warnings.catch_warnings():  # the chain's own verdict: 30 draws are too few
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mcmc.run(x, y)
+    expected = exact_rows({k: v.numpy() for k, v in mcmc.get_samples(group_by_chain=True).items()})
+    np.testing.assert_allclose(_row_log_likelihoods(PyroRunView(mcmc, "test"), "test"), expected, rtol=1e-4, atol=1e-4)
+    judged = run_verdict(mcmc, warn=False, judge="predictions")
+    assert judged.judged == "predictions" and "prediction" in judged.rhat_of  # a Pyro run keeps no energy
+
+
+def test_judging_predictions_needs_a_model_and_a_known_judge():
+    mcmc = MCMC(SGLD(potential_fn=gaussian, step_size=0.5), num_warmup=10, num_samples=100, num_chains=2,
+                chain_method="vectorized", progress_bar=False, verdict=False)  # fmt: skip
+    run_numpyro(mcmc)
+    with pytest.raises(ValueError, match="built from `potential_fn`"):
+        run_verdict(mcmc, judge="predictions")
+    with pytest.raises(ValueError, match="`judge` must be one of"):
+        run_verdict(mcmc, judge="function space")
+    with pytest.raises(ValueError, match="`verdict` must be True, False or one of"):
+        MCMC(SGLD(potential_fn=gaussian, step_size=0.5), num_warmup=10, num_samples=100, verdict="yes")

@@ -117,15 +117,19 @@ def full_data_log_likelihood(
     return {name: values.reshape((num_chains, num_draws) + values.shape[1:]) for name, values in out.items()}
 
 
-def _evaluator(mcmc: MCMC) -> Callable[[dict[str, Any]], dict[str, jax.Array]]:
-    """The compiled pointwise log-likelihood of the run's full-data model at draws ``{site: (m, ...)}``, with the
-    run's data as arguments of the compiled function, not constants in it (large N; data on several hosts)."""
+def _evaluator(
+    mcmc: MCMC, model: Callable[..., Any] | None = None
+) -> Callable[[dict[str, Any]], dict[str, jax.Array]]:
+    """The compiled pointwise log-likelihood of ``model`` (default: the run's full-data model) at draws
+    ``{site: (m, ...)}``, with the run's data as arguments of the compiled function, not constants in it (large N;
+    data on several hosts)."""
     data, merge = split_arrays((mcmc._args, mcmc._kwargs))
+    model = mcmc.sampler.model if model is None else model
 
     @jax.jit
     def evaluate(s, data):
         args, kwargs = merge(data)
-        return numpyro_log_likelihood(mcmc.sampler.model, s, *args, **kwargs)
+        return numpyro_log_likelihood(model, s, *args, **kwargs)
 
     return partial(evaluate, data=data)
 

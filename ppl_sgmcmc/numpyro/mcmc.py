@@ -51,7 +51,10 @@ class MCMC(numpyro.infer.MCMC):
     At the end of each run the draws are judged (:func:`ppl_sgmcmc.diagnostics.verdict`: whether the chains agree,
     hold enough effective draws, left no burn-in in the draws, met no more gradient noise than the step size
     allows), with one ``RuntimeWarning`` if they fail (unless a health check already warned about the run, naming
-    its failure); ``verdict=False`` skips it. :attr:`last_verdict` keeps it.
+    its failure); ``verdict=False`` skips it. ``verdict="predictions"`` judges the model's predictions instead of
+    its parameters (the log-likelihoods of fixed data rows): for a model with symmetries, such as a network whose
+    hidden units can be permuted, whose chains may each hold their own copy of one posterior.
+    :attr:`last_verdict` keeps it.
 
     **Example**::
 
@@ -66,9 +69,14 @@ class MCMC(numpyro.infer.MCMC):
 
     progress_bar: bool  # NumPyro's attribute
 
-    def __init__(self, sampler: Any, *args: Any, verdict: bool = True, **kwargs: Any) -> None:
+    def __init__(self, sampler: Any, *args: Any, verdict: bool | str = True, **kwargs: Any) -> None:
         # NumPyro runs num_chains=0 and fails inside `pmap` with an error about squeezing an axis
         _checks.positive_int("num_chains", kwargs.get("num_chains", 1), type(self).__name__)
+        if not isinstance(verdict, bool) and verdict not in _verdict.JUDGES:
+            raise ValueError(
+                f"{type(self).__name__}: `verdict` must be True, False or one of {_verdict.JUDGES} (what it judges), "
+                f"got {verdict!r}."
+            )
         super().__init__(sampler, *args, **kwargs)
         self.verdict = verdict
         #: The :class:`~ppl_sgmcmc.verdict.Verdict` of the last run (``None``: not judged).
@@ -111,7 +119,8 @@ class MCMC(numpyro.infer.MCMC):
         else:
             kernel.report_health(state)
         if self._judged(kernel, phase):
-            self.last_verdict = diagnostics.verdict(self, warn=False)
+            judge = self.verdict if isinstance(self.verdict, str) else "parameters"
+            self.last_verdict = diagnostics.verdict(self, warn=False, judge=judge)
             if not kernel._health.named_failure:  # a failed health check already named the run's failure
                 _verdict.report(self.last_verdict, kernel.name)
 
@@ -120,8 +129,8 @@ class MCMC(numpyro.infer.MCMC):
         an optimiser's, nor a custom ``postprocess_fn``'s) holding every latent site (``extra_fields=("~z.a",)``
         leaves one out), enough of them, not the warm-up's."""
         draws = len(self._sampling_stage()) if kernel.cycles is not None else self.num_samples // self.thinning
-        return (self.verdict and kernel.samples_posterior and phase != "warmup" and self.postprocess_fn is None
-                and isinstance(self.last_state.z, Mapping) and draws >= _verdict.MIN_DRAWS
+        return (self.verdict is not False and kernel.samples_posterior and phase != "warmup"
+                and self.postprocess_fn is None and isinstance(self.last_state.z, Mapping) and draws >= _verdict.MIN_DRAWS
                 and set(self.get_samples()) >= set(self.last_state.z))  # fmt: skip
 
     def get_samples(self, group_by_chain: bool = False) -> Any:

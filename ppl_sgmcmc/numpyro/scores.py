@@ -276,12 +276,18 @@ class RunView:
             np.atleast_1d(np.asarray(continued.last_state.step_size)),
         )
 
-    def pointwise(self, num_draws: int, chunk_size: int | None) -> diagnostics._Pointwise:
+    def pointwise(self, num_draws: int, chunk_size: int | None, fixed: bool = False) -> diagnostics._Pointwise:
         """The per-datum log-likelihoods of the full-data model (:func:`ppl_sgmcmc.numpyro.full_data_log_likelihood`'s
-        compiled evaluation) at ``num_draws`` draws evenly spaced over each chain, evaluated lazily ``chunk_size``
+        compiled evaluation; ``fixed``: of the model on the :func:`~ppl_sgmcmc.diagnostics.fixed_rows` of each
+        subsampled plate) at ``num_draws`` draws evenly spaced over each chain, evaluated lazily ``chunk_size``
         draws at a time, with the subsampled plates and the plate of each observed site."""
         target = self.target
-        assert isinstance(target, ModelTarget)  # energy_noise refuses a potential_fn first
+        assert isinstance(target, ModelTarget)  # energy_noise and the verdict refuse a potential_fn first
+        plates, evaluated = dict(target.plate_sizes), None
+        if fixed:  # the model as declared, its plates' indices substituted
+            indices = {name: jnp.asarray(diagnostics.fixed_rows(size, n)) for name, (size, n) in plates.items()}
+            evaluated = substitute(self.kernel.subsampled_model, data=indices)
+            plates = {name: (n, n) for name, (_, n) in plates.items()}
         model = seed(substitute(self.kernel.model, substitute_fn=feasible_latent), 0)  # no prior draw
         model_trace = trace(model).get_trace(*self.model_args, **self.model_kwargs)
         frames = {
@@ -289,18 +295,18 @@ class RunView:
             for name, site in model_trace.items()
             if site["type"] == "sample" and site["is_observed"]
         }
-        sites = diagnostics._site_plates(frames, target.plate_sizes, self.fn)
+        sites = diagnostics._site_plates(frames, plates, self.fn)
         samples = self.mcmc.get_samples(group_by_chain=True)
         chains, draws = jax.tree.leaves(samples)[0].shape[:2]
         index = diagnostics._chain_index(draws, num_draws, self.fn)
         m = chains * len(index)
         flat = {name: value[:, index].reshape((m,) + value.shape[2:]) for name, value in samples.items()}
-        evaluate = inference_data._evaluator(self.mcmc)
+        evaluate = inference_data._evaluator(self.mcmc, evaluated)
         shapes = jax.eval_shape(evaluate, {name: value[:1] for name, value in flat.items()})  # no evaluation
         entries = sum(math.prod(shape.shape[1:]) for shape in shapes.values())
         rows = diagnostics._rows_per_chunk(chunk_size, entries, m)
         return diagnostics._Pointwise(
-            dict(target.plate_sizes), sites, target.replace, (chains, len(index)),
+            plates, sites, target.replace, (chains, len(index)),
             inference_data._log_likelihood_chunks(evaluate, flat, rows),
         )  # fmt: skip
 

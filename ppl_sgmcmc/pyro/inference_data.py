@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
 import arviz as az
@@ -92,11 +92,12 @@ class _Sites(NamedTuple):
     plates: dict[str, list[tuple[str, int | None]]]  # each observed site's plates: (name, dim)
 
 
-def _sites(mcmc: MCMC) -> _Sites:
+def _sites(mcmc: MCMC, model: Callable[..., Any] | None = None) -> _Sites:
+    """The sites of ``model`` (default: the run's full-data model) run with the run's arguments."""
     samples = mcmc.get_samples()
     first = {name: value[0] for name, value in samples.items()}  # no prior draw (an ImproperUniform has none)
     with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():  # leaves Pyro's RNG as it was
-        model = poutine.condition(mcmc.kernel.model, first)
+        model = poutine.condition(mcmc.kernel.model if model is None else model, first)
         model_trace: Any = poutine.trace(model).get_trace(*mcmc._args, **mcmc._kwargs)
     observed, deterministic, local, plates = {}, [], [], {}
     for name, site in model_trace.nodes.items():
@@ -116,10 +117,10 @@ def _sites(mcmc: MCMC) -> _Sites:
 
 
 
-def _plate_nesting(mcmc: MCMC, draw: dict[str, torch.Tensor]) -> int:
-    """The number of plate dims of the full-data model, from one run conditioned on ``draw`` (the batched draws
-    go left of them, as ``Predictive`` puts them)."""
-    model_trace = poutine.trace(poutine.condition(mcmc.kernel.model, draw)).get_trace(*mcmc._args, **mcmc._kwargs)
+def _plate_nesting(mcmc: MCMC, draw: dict[str, torch.Tensor], model: Callable[..., Any]) -> int:
+    """The number of plate dims of ``model``, from one run conditioned on ``draw`` (the batched draws go left of
+    them, as ``Predictive`` puts them)."""
+    model_trace = poutine.trace(poutine.condition(model, draw)).get_trace(*mcmc._args, **mcmc._kwargs)
     return max(
         (-frame.dim for site in model_trace.nodes.values() if site["type"] == "sample"
          for frame in site["cond_indep_stack"] if frame.vectorized and frame.dim is not None),
@@ -128,7 +129,7 @@ def _plate_nesting(mcmc: MCMC, draw: dict[str, torch.Tensor]) -> int:
 
 
 def _vectorized(
-    mcmc: MCMC, chunk: dict[str, torch.Tensor], observed: dict[str, tuple], nesting: int
+    mcmc: MCMC, chunk: dict[str, torch.Tensor], observed: dict[str, tuple], nesting: int, model: Callable[..., Any]
 ) -> dict[str, torch.Tensor]:
     """The log-likelihood of the draws ``chunk`` in one run of the model, batched over them in a plate left of the
     model's ``nesting`` plate dims: ``Predictive.get_vectorized_trace``'s run, without its prior draw of a
@@ -136,8 +137,7 @@ def _vectorized(
     num = next(iter(chunk.values())).shape[0]
     samples = {k: v.reshape((num,) + (1,) * (nesting - (v.dim() - 1)) + v.shape[1:]) for k, v in chunk.items()}
     draws = pyro.plate("_num_draws", num, dim=-nesting - 1)
-    model = poutine.condition(draws(mcmc.kernel.model), samples)
-    model_trace: Any = poutine.trace(model).get_trace(*mcmc._args, **mcmc._kwargs)
+    model_trace: Any = poutine.trace(poutine.condition(draws(model), samples)).get_trace(*mcmc._args, **mcmc._kwargs)
     out = {}
     for name, (shape, _) in observed.items():
         site = model_trace.nodes[name]
@@ -150,9 +150,11 @@ def _vectorized(
     return out
 
 
-def _one_draw(mcmc: MCMC, draw: dict[str, torch.Tensor], observed: dict[str, tuple]) -> dict[str, torch.Tensor]:
-    """The log-likelihood of one draw: one run of the model, conditioned on it."""
-    model_trace = poutine.trace(poutine.condition(mcmc.kernel.model, draw)).get_trace(*mcmc._args, **mcmc._kwargs)
+def _one_draw(
+    mcmc: MCMC, draw: dict[str, torch.Tensor], observed: dict[str, tuple], model: Callable[..., Any]
+) -> dict[str, torch.Tensor]:
+    """The log-likelihood of one draw: one run of ``model``, conditioned on it."""
+    model_trace = poutine.trace(poutine.condition(model, draw)).get_trace(*mcmc._args, **mcmc._kwargs)
     sites = model_trace.nodes
     # an observed site's "fn" is its distribution (pyro's Message types it as any callable)
     return {
@@ -237,23 +239,28 @@ def full_data_log_likelihood(
 
 
 def _log_likelihood_chunks(
-    mcmc: MCMC, flat: dict[str, torch.Tensor], observed: dict[str, tuple], chunk_size: int
+    mcmc: MCMC,
+    flat: dict[str, torch.Tensor],
+    observed: dict[str, tuple],
+    chunk_size: int,
+    model: Callable[..., Any] | None = None,
 ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """``(start, {site: (rows, *site_shape)})``: the pointwise log-likelihood of the ``observed`` sites at
-    ``chunk_size`` draws at a time of ``flat`` ``{site: (m, ...)}``, each chunk in one run of the model batched
-    over its draws, or, from the first chunk the model does not broadcast over, one draw at a time (with a
-    warning)."""
+    ``chunk_size`` draws at a time of ``flat`` ``{site: (m, ...)}``, each chunk in one run of ``model`` (default:
+    the run's full-data model) batched over its draws, or, from the first chunk the model does not broadcast
+    over, one draw at a time (with a warning)."""
+    model = mcmc.kernel.model if model is None else model
     total = next(iter(flat.values())).shape[0]
     vectorize = True
     with torch.no_grad(), poutine.block():
-        nesting = _plate_nesting(mcmc, {k: v[0] for k, v in flat.items()})
+        nesting = _plate_nesting(mcmc, {k: v[0] for k, v in flat.items()}, model)
     for start in range(0, total, chunk_size):
         stop = min(start + chunk_size, total)
         out: dict[str, np.ndarray] | None = None
         with torch.no_grad(), poutine.block():
             if vectorize:
                 try:
-                    chunk = _vectorized(mcmc, {k: v[start:stop] for k, v in flat.items()}, observed, nesting)
+                    chunk = _vectorized(mcmc, {k: v[start:stop] for k, v in flat.items()}, observed, nesting, model)
                 except Exception as error:  # noqa: BLE001 - any failure of the batched run: fall back
                     vectorize = False
                     reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -268,7 +275,7 @@ def _log_likelihood_chunks(
                 else:
                     out = {name: values.cpu().numpy() for name, values in chunk.items()}
             if out is None:
-                rows = [_one_draw(mcmc, {k: v[i] for k, v in flat.items()}, observed) for i in range(start, stop)]
+                rows = [_one_draw(mcmc, {k: v[i] for k, v in flat.items()}, observed, model) for i in range(start, stop)]
                 out = {name: np.stack([row[name].cpu().numpy() for row in rows]) for name in observed}
         yield start, out
 

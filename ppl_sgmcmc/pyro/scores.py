@@ -23,7 +23,7 @@ from pyro.infer.autoguide.initialization import init_to_uniform
 from ppl_sgmcmc import diagnostics
 from ppl_sgmcmc.checkpoint import ChainState
 from ppl_sgmcmc.pyro import inference_data
-from ppl_sgmcmc.pyro.handlers import as_tensors
+from ppl_sgmcmc.pyro.handlers import as_tensors, subsample_plates
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
 
@@ -288,15 +288,26 @@ class RunView:
             np.array([float(self.kernel.last_state.state.step_size)]),
         )
 
-    def pointwise(self, num_draws: int, chunk_size: int | None) -> diagnostics._Pointwise:
+    def pointwise(self, num_draws: int, chunk_size: int | None, fixed: bool = False) -> diagnostics._Pointwise:
         """The per-datum log-likelihoods of the full-data model (:func:`ppl_sgmcmc.pyro.full_data_log_likelihood`'s
-        batched evaluation) at ``num_draws`` draws evenly spaced over each chain (of every chain the run holds),
+        batched evaluation; ``fixed``: of the model on the :func:`~ppl_sgmcmc.diagnostics.fixed_rows` of each
+        subsampled plate) at ``num_draws`` draws evenly spaced over each chain (of every chain the run holds),
         evaluated lazily ``chunk_size`` draws at a time, with the subsampled plates and the plate of each observed
         site."""
         target = self.target
-        assert isinstance(target, ModelTarget)  # energy_noise refuses a potential_fn first
-        sites = inference_data._sites(self.mcmc)
-        plates = diagnostics._site_plates(sites.plates, target.plate_sizes, self.fn)
+        assert isinstance(target, ModelTarget)  # energy_noise and the verdict refuse a potential_fn first
+        sizes, model = dict(target.plate_sizes), self.kernel.model
+        if fixed:  # the model as declared, its plates' indices given
+            indices = {name: torch.as_tensor(diagnostics.fixed_rows(size, n)) for name, (size, n) in sizes.items()}
+            declared = self.kernel.subsampled_model
+
+            def model(*args: Any, **kwargs: Any) -> Any:
+                with subsample_plates(indices):
+                    return declared(*as_tensors(args), **as_tensors(kwargs))
+
+            sizes = {name: (n, n) for name, (_, n) in sizes.items()}
+        sites = inference_data._sites(self.mcmc, model)
+        plates = diagnostics._site_plates(sites.plates, sizes, self.fn)
         samples = self.mcmc.get_samples(group_by_chain=True)  # deterministic sites too, as full_data_log_likelihood
         chains, draws = next(iter(samples.values())).shape[:2]
         index = torch.as_tensor(diagnostics._chain_index(draws, num_draws, self.fn))
@@ -305,8 +316,8 @@ class RunView:
         entries = sum(math.prod(shape) for shape, _ in sites.observed.values())
         rows = diagnostics._rows_per_chunk(chunk_size, entries, m)
         return diagnostics._Pointwise(
-            dict(target.plate_sizes), plates, target.replace, (chains, len(index)),
-            inference_data._log_likelihood_chunks(self.mcmc, flat, sites.observed, rows),
+            sizes, plates, target.replace, (chains, len(index)),
+            inference_data._log_likelihood_chunks(self.mcmc, flat, sites.observed, rows, model),
         )  # fmt: skip
 
     def energy_gaps(self) -> np.ndarray:
