@@ -1029,7 +1029,7 @@ def _row_log_likelihoods(run: _Run, fn: str) -> np.ndarray:
             + ("a kernel built from `potential_fn` does not give."
                if kernel._model is None else "a model with local Gibbs sites gives only with them marginalised.")
         )  # fmt: skip
-    pointwise = run.pointwise(_verdict.MAX_DRAWS, None, fixed=True)
+    pointwise = run.pointwise(_verdict.PREDICTION_DRAWS, None, fixed=True)
     if not pointwise.sites:
         raise ValueError(f"{fn}: judging the predictions needs an observed site in a plate with `subsample_size`.")
     chains, draws = pointwise.shape
@@ -1205,9 +1205,9 @@ def verdict(
     :param mcmc: the finished run.
     :param warn: also warn (one ``RuntimeWarning`` naming what failed and what to do) if it failed.
     :param judge: ``"parameters"`` or ``"predictions"`` (:data:`ppl_sgmcmc.verdict.JUDGES`).
-    :param predictions: the predictions to judge, ``(chains, draws, k)`` (all the run's draws, or the at most
-        :data:`~ppl_sgmcmc.verdict.MAX_DRAWS` per chain evenly spaced that the verdict reads); ``None``: the rows'
-        log-likelihoods.
+    :param predictions: the predictions to judge, ``(chains, m, k)`` at ``m`` of each chain's draws, evenly spaced
+        (``arange(m) * draws // m``; all of them: ``m = draws``); ``None``: the rows' log-likelihoods, at
+        :data:`~ppl_sgmcmc.verdict.PREDICTION_DRAWS` draws.
     :return: the :class:`~ppl_sgmcmc.verdict.Verdict`.
     :raises ValueError: for another ``judge``, or ``judge="predictions"`` on a run without a model's
         log-likelihood of data rows (a ``potential_fn``, local Gibbs sites, no observed site in a subsampled plate).

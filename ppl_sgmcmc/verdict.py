@@ -78,6 +78,7 @@ __all__ = [
     "MAX_COORDINATES",
     "MAX_DRAWS",
     "NOISE_QUANTILE",
+    "PREDICTION_DRAWS",
     "RHAT_LIMIT",
     "RHAT_SEVERE",
     "SEVERE",
@@ -114,6 +115,9 @@ SHORT = "the run is too short for reliable estimates"
 SYMMETRIC = "the chains agree on the model's predictions but not on its parameters"
 #: What the verdict can judge: the parameters' draws, or the predictions' (the log-likelihoods of fixed data rows).
 JUDGES = ("parameters", "predictions")
+#: The draws per chain at which the backends evaluate the predictions (evenly spaced): their R-hat and ESS need no
+#: more, and a network's evaluation costs a forward pass per draw.
+PREDICTION_DRAWS = 1000
 #: Fewer draws per chain than this are too few to judge: no verdict.
 MIN_DRAWS = 20
 
@@ -372,10 +376,11 @@ def _drift(quantities: np.ndarray) -> np.ndarray:
     return np.where(error > 0, gap / np.where(error > 0, error, 1.0), 0.0)
 
 
-def _thinned(x: np.ndarray) -> np.ndarray:
-    """At most :data:`MAX_DRAWS` draws per chain of ``(chains, draws, ...)``, evenly spaced."""
+def _thinned(x: np.ndarray, most: int = MAX_DRAWS) -> np.ndarray:
+    """At most ``most`` draws per chain of ``(chains, draws, ...)``, evenly spaced (``arange(most) * draws //
+    most``)."""
     n = x.shape[1]
-    return x if n <= MAX_DRAWS else x[:, np.arange(MAX_DRAWS) * n // MAX_DRAWS]
+    return x if n <= most else x[:, np.arange(most) * n // most]
 
 
 class KeptDraws:
@@ -429,15 +434,15 @@ def _selected(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _predictions(predictions: Any, chains: int, n: int) -> np.ndarray:
-    """``predictions`` as ``(chains, draws, k)`` at the draws :func:`_thinned` keeps of ``n``."""
+    """``predictions`` ``(chains, m, k)`` at ``m`` of the ``n`` draws of each chain, at most :data:`MAX_DRAWS` of
+    them."""
     p = np.asarray(predictions)
-    kept = min(n, MAX_DRAWS)
-    if p.ndim != 3 or p.shape[0] != chains or p.shape[1] not in (n, kept):
+    if p.ndim != 3 or p.shape[0] != chains or not min(MIN_DRAWS, n) <= p.shape[1] <= n:
         raise ValueError(
-            f"verdict: `predictions` must be (chains, draws, k) with the draws' {chains} chains and {n} draws (or "
-            f"the {kept} of them the verdict reads), got shape {p.shape}."
+            f"verdict: `predictions` must be (chains, draws, k) with the draws' {chains} chains and at most their "
+            f"{n} draws (at least {MIN_DRAWS}), got shape {p.shape}."
         )
-    return _thinned(p) if p.shape[1] == n else p
+    return _thinned(p)
 
 
 def assess(
@@ -461,9 +466,9 @@ def assess(
     :param noise_limit: the algorithm's noise-ratio limit (:attr:`~ppl_sgmcmc.algorithms.Algorithm.noise_ratio_limit`).
     :param warmup: what the warm-up's last slow window found (:attr:`Verdict.warmup`), or ``None``.
     :param advice: the algorithm's own fixes (:attr:`Verdict.advice`).
-    :param predictions: quantities that the model's symmetries leave alone, ``(chains, draws, k)``: the
-        log-likelihoods of fixed data rows at each draw (or at the at most :data:`MAX_DRAWS` draws per chain the
-        verdict reads, evenly spaced), or ``None``.
+    :param predictions: quantities that the model's symmetries leave alone, ``(chains, m, k)``: the
+        log-likelihoods of fixed data rows at each draw, or at ``m`` of them evenly spaced over each chain (the
+        backends evaluate :data:`PREDICTION_DRAWS`), or ``None``.
     :param judge: ``"parameters"`` (default) watches the draws; where the chains disagree on them, and agree on
         the ``predictions`` given, the verdict is the predictions' and fails as :attr:`Verdict.symmetric`.
         ``"predictions"`` watches the predictions instead of the draws (a model with symmetries; see the module's
@@ -492,17 +497,22 @@ def assess(
     if predictions is None and judge == "predictions":
         raise ValueError("verdict: judge='predictions' needs `predictions` (chains, draws, k).")
     p = None if predictions is None else _predictions(predictions, chains, n)
-    e = None if energy is None else _thinned(np.asarray(energy, np.float64).reshape(chains, n))
-    if e is not None and not np.isfinite(e).all():
-        e = None
+    u = None if energy is None else np.asarray(energy, np.float64).reshape(chains, n)
+    if u is not None and not np.isfinite(u).all():
+        u = None
+    # the energy thinned to the draws of the parameters, or of the predictions
+
+    def e(most: int) -> np.ndarray | None:
+        return None if u is None else _thinned(u, most)
+
     judged = x if p is None or judge == "parameters" else p
-    statistics = _statistics(judged, e, judge)
+    statistics = _statistics(judged, e(min(judged.shape[1], MAX_DRAWS)), judge)
     if statistics is None:  # every coordinate has a non-finite draw: nothing to compare, and nothing to trust
         return Verdict(chains, n, math.inf, "every coordinate (non-finite draws)", 0.0, 0.0, math.inf, "the draws",
                        judged=judge, dimension=d)  # fmt: skip
     parameters_rhat = None
     if p is not None and judge == "parameters" and statistics["rhat"] > RHAT_LIMIT:
-        on_predictions = _statistics(p, e, "predictions")
+        on_predictions = _statistics(p, e(p.shape[1]), "predictions")
         if on_predictions is not None and on_predictions["rhat"] <= RHAT_LIMIT:  # copies of one posterior
             parameters_rhat = (statistics["rhat"], statistics["rhat_of"])
             statistics, judge = on_predictions, "predictions"

@@ -183,18 +183,22 @@ def test_predictions_that_disagree_are_judged_as_such():
     assert judged.unmixed and judged.severe and judged.rhat_of.startswith("prediction[")
 
 
-def test_predictions_at_the_thinned_draws_are_read():
+def test_predictions_at_fewer_draws_are_read():
     ab, f = mirrored(np.random.default_rng(0), draws=3 * verdict.MAX_DRAWS, rows=2)
     thinned = f[:, np.arange(verdict.MAX_DRAWS) * f.shape[1] // verdict.MAX_DRAWS]
     assert verdict.assess(ab, predictions=thinned) == verdict.assess(ab, predictions=f)
-    assert verdict.assess(ab, predictions=f).symmetric
+    few = f[:, np.arange(500) * f.shape[1] // 500]
+    energy = np.random.default_rng(1).normal(size=f.shape[:2])  # thinned with them
+    judged = verdict.assess(ab, predictions=few, energy=energy, judge="predictions")
+    assert judged.ok and verdict.assess(ab, predictions=few, energy=energy).symmetric
 
 
 @pytest.mark.parametrize(
     ("options", "match"),
     [({"judge": "functions"}, "`judge` must be one of"), ({"judge": "predictions"}, "needs `predictions`"),
      ({"predictions": np.zeros((3, 100, 2))}, "with the draws' 4 chains"),
-     ({"predictions": np.zeros((4, 99, 2))}, "with the draws' 4 chains and 100 draws")],
+     ({"predictions": np.zeros((4, 101, 2))}, "at most their 100 draws"),
+     ({"predictions": np.zeros((4, 10, 2))}, "at least 20")],
 )  # fmt: skip
 def test_bad_predictions_and_judges_are_refused(options, match):
     with pytest.raises(ValueError, match=match):
