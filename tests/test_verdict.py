@@ -389,23 +389,22 @@ def exact_rows(samples):
 
 
 def test_numpyro_chains_in_mirror_images_are_told_apart_from_chains_that_never_met():
-    """Two chains started in the two mirror images: judging the parameters, the run fails as a symmetric one (not
-    as chains that never met) and names the other judge; judging the predictions, it passes. The predictions are
-    the exact log-likelihoods of the fixed rows."""
+    """Two chains started in the two mirror images: judging the predictions (``verdict="predictions"``), the run
+    passes; judging the parameters, it fails as a symmetric one (not as chains that never met) and names the other
+    judge. The predictions are the exact log-likelihoods of the fixed rows."""
     x, y = (jnp.asarray(v, jnp.float32) for v in mirror_data())
     init = {"a": jnp.array([1.0, -1.0]), "b": jnp.array([0.5, 0.5])}
-    runs = {}
-    for judge in (True, "predictions"):
-        mcmc = MCMC(SGNHT(numpyro_mirror, steps_per_sample=10), num_warmup=100, num_samples=1000, num_chains=2,
-                    chain_method="vectorized", progress_bar=False, verdict=judge)  # fmt: skip
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            mcmc.run(jax.random.PRNGKey(0), x, y, init_params=init)
-        runs[judge] = mcmc, verdicts(caught)
-    (mcmc, messages), (judged, quiet) = runs[True], runs["predictions"]
+    mcmc = MCMC(SGNHT(numpyro_mirror, steps_per_sample=10), num_warmup=100, num_samples=1000, num_chains=2,
+                chain_method="vectorized", progress_bar=False, verdict="predictions")  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run(jax.random.PRNGKey(0), x, y, init_params=init)
+        quiet = verdicts(caught)
+        parameters = run_verdict(mcmc)  # warns
+    assert quiet == [] and mcmc.last_verdict.ok and mcmc.last_verdict.judged == "predictions"
+    messages = verdicts(caught)
     assert len(messages) == 1 and messages[0].startswith(f"SGNHT: {verdict.SYMMETRIC}: ")
-    assert 'verdict="predictions"' in messages[0] and mcmc.last_verdict.parameters_rhat[0] > 1.5
-    assert quiet == [] and judged.last_verdict.ok and judged.last_verdict.judged == "predictions"
+    assert 'verdict="predictions"' in messages[0] and parameters.symmetric and parameters.parameters_rhat[0] > 1.5
     samples = mcmc.get_samples(group_by_chain=True)
     np.testing.assert_allclose(_row_log_likelihoods(RunView(mcmc, "test"), "test"), exact_rows(samples), rtol=1e-4,
                                atol=1e-4)  # fmt: skip
