@@ -1019,16 +1019,22 @@ def fixed_rows(size: int, n: int) -> np.ndarray:
     return np.arange(n) * size // n
 
 
-def _row_log_likelihoods(run: _Run, fn: str) -> np.ndarray:
-    """The log-likelihoods of the :func:`fixed_rows` of each subsampled plate at the draws the verdict reads,
-    ``(chains, draws, rows)`` (the plates' rows side by side, in the order of their names)."""
-    kernel = run.kernel
+def _check_predictions(kernel: Any, fn: str) -> None:
+    """Refuse a kernel whose run's predictions the verdict cannot compute (``judge="predictions"``): one built from
+    ``potential_fn`` (no model), or with local Gibbs sites (the log-likelihood would need them marginalised)."""
     if kernel._model is None or kernel._gibbs is not None:
         raise ValueError(
             f"{fn}: judging the predictions needs the model's log-likelihood of data rows, which "
             + ("a kernel built from `potential_fn` does not give."
                if kernel._model is None else "a model with local Gibbs sites gives only with them marginalised.")
+            + " Judge the parameters (the default) instead."
         )  # fmt: skip
+
+
+def _row_log_likelihoods(run: _Run, fn: str) -> np.ndarray:
+    """The log-likelihoods of the :func:`fixed_rows` of each subsampled plate at the draws the verdict reads,
+    ``(chains, draws, rows)`` (the plates' rows side by side, in the order of their names)."""
+    _check_predictions(run.kernel, fn)
     pointwise = run.pointwise(_verdict.PREDICTION_DRAWS, None, fixed=True)
     if not pointwise.sites:
         raise ValueError(f"{fn}: judging the predictions needs an observed site in a plate with `subsample_size`.")

@@ -429,7 +429,7 @@ def test_pyro_predictions_are_the_log_likelihoods_of_fixed_rows():
     assert judged.judged == "predictions" and "prediction" in judged.rhat_of  # a Pyro run keeps no energy
 
 
-def test_judging_predictions_needs_a_model_and_a_known_judge():
+def test_judging_predictions_needs_a_model_and_a_known_judge(tmp_path):
     mcmc = MCMC(SGLD(potential_fn=gaussian, step_size=0.5), num_warmup=10, num_samples=100, num_chains=2,
                 chain_method="vectorized", progress_bar=False, verdict=False)  # fmt: skip
     run_numpyro(mcmc)
@@ -439,3 +439,11 @@ def test_judging_predictions_needs_a_model_and_a_known_judge():
         run_verdict(mcmc, judge="function space")
     with pytest.raises(ValueError, match="`verdict` must be True, False or one of"):
         MCMC(SGLD(potential_fn=gaussian, step_size=0.5), num_warmup=10, num_samples=100, verdict="yes")
+    judged = MCMC(SGLD(potential_fn=gaussian, step_size=0.5), num_warmup=10, num_samples=100, verdict="predictions")
+    with pytest.raises(ValueError, match="MCMC: judging the predictions.*potential_fn"):  # before the run
+        judged.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)})
+    assert judged.last_state is None
+    with pytest.raises(ValueError, match="checkpoint.run: judging the predictions"):
+        checkpoint.run(judged, jax.random.PRNGKey(0), init_params={"x": jnp.zeros(2)}, checkpoint=tmp_path / "c",
+                       checkpoint_every=50)  # fmt: skip
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())

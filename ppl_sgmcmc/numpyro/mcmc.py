@@ -89,6 +89,8 @@ class MCMC(numpyro.infer.MCMC):
         kernel = self.sampler
         if not isinstance(kernel, SGMCMCKernel):
             return super().run(rng_key, *args, extra_fields=extra_fields, init_params=init_params, **kwargs)
+        if self.verdict == "predictions":  # refused before the run, not after it
+            diagnostics._check_predictions(kernel, type(self).__name__)
         # the compiled step reads `kernel._progress` when it is traced: NumPyro's cached step functions
         # (kept per model arguments) must not outlive a run with another bar, or none
         self._cache: dict = {}
