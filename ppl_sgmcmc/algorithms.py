@@ -541,6 +541,13 @@ class Algorithm(Generic[RuleStateT]):
         noise-ratio warning then names one as the fix (:func:`ppl_sgmcmc.health.message`)."""
         return self._estimator.name == "minibatch" and self._model is not None and self._gibbs is None
 
+    @property
+    def step_fix(self) -> str | None:
+        """How this kernel takes a smaller step, where that is not a smaller ``step_size``, for the health checks'
+        warnings of rejected and diverging steps (:func:`ppl_sgmcmc.health.message`); ``None``: a smaller
+        ``step_size``."""
+        return None
+
     # --- the rule's arguments -----------------------------------------------------------------------
     def hyperparameters(self) -> dict[str, Any]:
         """The rule's keyword arguments besides ``step_size`` (``temperature`` included), as validated;
@@ -1873,6 +1880,12 @@ class SGFS(Algorithm[sgfs_rule.SGFSState]):
         """Not measured (NaN): SGFS builds the gradient noise into its preconditioner and noise by design."""
         return math.nan
     can_adapt_mass_reason = "SGFS preconditions by its own Fisher estimate, which the warm-up already adapts."
+
+    @property
+    def step_fix(self) -> str:
+        """SGFS's step shrinks as ``α = 2/sqrt(ε)`` grows: its default ``α = 0`` takes the largest."""
+        return ("a larger `alpha` (SGFS's step shrinks as α = 2/sqrt(ε) grows; the default α = 0 takes the largest), "
+                "or a smaller `step_size` ε")  # fmt: skip
 
     def __init__(
         self,

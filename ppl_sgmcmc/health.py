@@ -285,10 +285,14 @@ _TUNED_HINT = (
 )
 
 
-def message(kernel: str, kind: str, values: Any, tuned: bool = False, reducible: bool = False) -> str:
+def message(
+    kernel: str, kind: str, values: Any, tuned: bool = False, reducible: bool = False, step_fix: str | None = None
+) -> str:
     """The warning for a failed check ``kind`` with the ``values`` of :func:`check` (``tuned``: the warm-up chose the
     step size; ``reducible``: the kernel uses the plain minibatch gradient of a model with subsampled plates, so that
-    a variance-reduced estimator of :mod:`ppl_sgmcmc.gradients` could remove its noise; both change the fix).
+    a variance-reduced estimator of :mod:`ppl_sgmcmc.gradients` could remove its noise; ``step_fix``: how the kernel
+    takes a smaller step, where that is not a smaller ``step_size``
+    (:attr:`~ppl_sgmcmc.algorithms.Algorithm.step_fix`); all change the fix).
 
     **Example**::
 
@@ -302,6 +306,18 @@ def message(kernel: str, kind: str, values: Any, tuned: bool = False, reducible:
             f"{kernel}: the step size reached h = {h:g} by step {int(steps)}; steps with a non-positive or NaN "
             "step size are rejected, so the chain stands still. Fix the `step_size` schedule (it must stay "
             "positive for every step of the run, warm-up included)."
+        )
+    if kind == "rejections" and step_fix is not None:
+        return (
+            f"{kernel}: {int(rejected)} of the first {int(steps)} steps were rejected as non-finite "
+            f"({rejected / max(steps, 1):.0%}); the draws are not a sample of the posterior. The step is probably too "
+            f"large for the model's curvature or gradient noise ({step_fix}), or the chain starts in or reaches a "
+            "region where the model is undefined (check the initial values)."
+        )
+    if kind == "runaway" and step_fix is not None:
+        return (
+            f"{kernel}: after {int(steps)} steps the chain's position reached a magnitude of {largest:.3g} (over "
+            f"{RUNAWAY:g}): the chain is diverging. Take a smaller step: {step_fix}."
         )
     if kind == "rejections":
         return (
@@ -386,9 +402,10 @@ class Reporter:
         1
     """
 
-    def __init__(self, kernel: str, tuned: bool = False, reducible: bool = False) -> None:
-        # `tuned`: the warm-up chooses the step size; `reducible`: a variance-reduced gradient could serve (`message`)
-        self.kernel, self.tuned, self.reducible = kernel, tuned, reducible
+    def __init__(self, kernel: str, tuned: bool = False, reducible: bool = False, step_fix: str | None = None) -> None:
+        # `tuned`: the warm-up chooses the step size; `reducible`: a variance-reduced gradient could serve; `step_fix`:
+        # how to take a smaller step where that is not a smaller step size (`message`)
+        self.kernel, self.tuned, self.reducible, self.step_fix = kernel, tuned, reducible, step_fix
         self.reported: set[str] = set()
 
     def reset(self) -> None:
@@ -405,7 +422,7 @@ class Reporter:
         """Warn for each failed check not yet reported in this run (``flags``, ``values``: a
         :class:`HealthState`'s, with or without a leading chain axis; see :func:`failures`)."""
         caller = sys._getframe(1)
-        for kind, text in failures(self.kernel, flags, values, self.tuned, self.reducible).items():
+        for kind, text in failures(self.kernel, flags, values, self.tuned, self.reducible, self.step_fix).items():
             if kind not in self.reported:
                 # not `warnings.warn`: its registry shows a text once per code location, so a later run that fails
                 # the same way would be silent; once per run and kind is decided here (filters still apply)
@@ -416,10 +433,12 @@ class Reporter:
                 self.reported.add(kind)  # after the warning: one a filter raised as an error is raised again
 
 
-def failures(kernel: str, flags: Any, values: Any, tuned: bool = False, reducible: bool = False) -> dict[str, str]:
+def failures(
+    kernel: str, flags: Any, values: Any, tuned: bool = False, reducible: bool = False, step_fix: str | None = None
+) -> dict[str, str]:
     """``{kind: message}`` for the failed checks of a :class:`HealthState`'s ``flags`` and ``values``; with a
     leading chain axis, each kind's message gives the values of the first chain in which it failed (``tuned``,
-    ``reducible``: see :func:`message`).
+    ``reducible``, ``step_fix``: see :func:`message`).
 
     **Example** (two chains: the second rejected most of its steps)::
 
@@ -437,4 +456,8 @@ def failures(kernel: str, flags: Any, values: Any, tuned: bool = False, reducibl
     if flags.ndim == 2:  # chains: per kind, the first chain in which it failed
         first = np.argmax(flags, axis=0)
         flags, values = flags.any(axis=0), values[first, np.arange(len(KINDS))]
-    return {kind: message(kernel, kind, row, tuned, reducible) for kind, flag, row in zip(KINDS, flags, values) if flag}
+    return {
+        kind: message(kernel, kind, row, tuned, reducible, step_fix)
+        for kind, flag, row in zip(KINDS, flags, values)
+        if flag
+    }

@@ -1,6 +1,7 @@
 """A run that goes wrong says so, on both backends (:mod:`ppl_sgmcmc.health`), and a step into a region
 where the model is undefined is undone rather than absorbing the chain."""
 
+import math
 import warnings
 from functools import partial
 
@@ -269,6 +270,31 @@ def test_the_noise_warning_names_a_variance_reduced_gradient_where_one_could_ser
         assert not backend.SGLD(potential_fn=lambda z: 0.0, step_size=0.1).variance_reducible
         gibbs = backend.SGLD(model, gibbs_sites=["z"], gibbs_fn=lambda *args: {}, step_size=0.1)
         assert not gibbs.variance_reducible
+
+
+def test_sgfs_warnings_of_a_too_large_step_name_its_alpha():
+    """SGFS's default ``α = 0`` takes its largest step and no step size: on the networks of
+    ``benchmarks/bnn_predictive.py`` it diverged, and its warnings told the user to reduce a step size it does not
+    have. Its warnings of rejected and diverging steps name ``alpha``; the other kernels' name the step size, and each
+    backend's reporter gets the kernel's fix."""
+    from ppl_sgmcmc import health
+
+    values = [math.inf, 200, 150, 1e9, 0.1, 0, 72, math.nan]
+    for backend, model in ((np_backend, regression_numpyro), (pyro_backend, regression_pyro)):
+        fix = backend.SGFS(model).step_fix
+        assert "`alpha`" in fix and backend.SGLD(model).step_fix is None
+        for kind in ("rejections", "runaway"):
+            text = health.message("SGFS", kind, values, step_fix=fix)
+            assert fix in text and "10x smaller" not in text and "Reduce the step size" not in text
+            assert "10x smaller" in health.message("SGLD", "rejections", values) or kind == "runaway"
+    X = np.random.default_rng(0).normal(size=(200, 2)).astype(np.float32)
+    y = X @ np.array([1.0, -1.0], np.float32)
+    kernel = np_backend.SGFS(regression_numpyro, alpha=1.0)
+    MCMC(kernel, num_warmup=0, num_samples=5, progress_bar=False).run(jax.random.PRNGKey(0), X, y)
+    assert kernel._health.step_fix == kernel.step_fix
+    pyro_kernel = pyro_backend.SGFS(regression_pyro, alpha=1.0, compile_potential=False)
+    pyro.infer.MCMC(pyro_kernel, warmup_steps=0, num_samples=5, disable_progbar=True).run(torch.tensor(X), torch.tensor(y))
+    assert pyro_kernel._health.step_fix == pyro_kernel.step_fix
 
 
 COUNTS = np.random.default_rng(0).poisson(3.0, 1000).astype(np.float32)

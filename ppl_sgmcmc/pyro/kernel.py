@@ -525,7 +525,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._step_generator, self._refresh_generator = self._step_generators(target, seed)
         self._state = None
         self._draws = 0
-        self._health = health.Reporter(name, tuned=self._tune, reducible=self.variance_reducible)
+        self._health = health.Reporter(name, tuned=self._tune, reducible=self.variance_reducible,
+                                       step_fix=self.step_fix)
         self._health_state = None  # the checks' state (ppl_sgmcmc.health.HealthState), from the first check
         if not self._tune:
             _checks.first_step_size(self.step_size_at(0), name)
