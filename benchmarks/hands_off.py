@@ -628,20 +628,38 @@ def main() -> None:
     parser.add_argument("--refresh-nuts", action="store_true",
                         help="rerun NUTS for the hierarchical model and the MLP (about 2 and 9 min)")
     args = parser.parse_args()
-    wall = time.perf_counter()
-    out = RESULTS / ("hands_off_quick.json" if args.quick else "hands_off.json")
-    if args.tables:
-        for name, entry in json.loads(out.read_text())["targets"].items():
-            print_table(name, entry)
-        return
     points = args.grid_points or (3 if args.quick else GRID_POINTS)
+    run_and_report(RESULTS / ("hands_off_quick.json" if args.quick else "hands_off.json"), args.quick, args.tables,
+                   lambda: targets(args.targets, args.quick, args.refresh_nuts),
+                   lambda target, checkpoint: run_target(target, args.kernels, not args.no_grid, points, checkpoint),
+                   save_entry)  # fmt: skip
+
+
+def run_and_report(
+    out: Path,
+    quick: bool,
+    tables: bool,
+    make_targets: Callable[[], list[Any]],
+    run: Callable[[Any, Callable[[dict[str, Any]], Any]], dict[str, Any]],
+    save: Callable[[Path, str, dict[str, Any], bool], dict[str, Any]],
+    table: Callable[[str, dict[str, Any]], None] | None = None,
+) -> None:
+    """Print the tables of the results file ``out`` (``tables``), or run each target of ``make_targets()``
+    (``run(target, checkpoint)``, which calls ``checkpoint(entry)`` after each kernel), save its entry into ``out``
+    (``save``, merging with the file) and print its table (``table``, default :func:`print_table`)."""
+    wall = time.perf_counter()
+    table = print_table if table is None else table
+    if tables:
+        for name, entry in json.loads(out.read_text())["targets"].items():
+            table(name, entry)
+        return
     print(f"jax {jax.__version__}, numpyro {numpyro.__version__}; {machine()}", flush=True)
-    for target in targets(args.targets, args.quick, args.refresh_nuts):
-        entry = run_target(target, args.kernels, not args.no_grid, points,
-                           lambda e, name=target.name: save_entry(out, name, e, args.quick))  # fmt: skip
-        results = save_entry(out, target.name, entry, args.quick)
-        print_table(target.name, results["targets"][target.name])
-        print(f"\n({target.name}: {entry['seconds']:.0f} s)", flush=True)
+    for target in make_targets():
+        start = time.perf_counter()
+        entry = run(target, lambda e, name=target.name: save(out, name, e, quick))
+        results = save(out, target.name, entry, quick)
+        table(target.name, results["targets"][target.name])
+        print(f"\n({target.name}: {time.perf_counter() - start:.0f} s)", flush=True)
     print(f"\nwrote {os.path.relpath(out)}; total wall time {time.perf_counter() - wall:.0f} s")
 
 
