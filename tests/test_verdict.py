@@ -338,7 +338,7 @@ def test_an_advisory_health_warning_leaves_the_verdict_to_judge(monkeypatch, kin
     it fails (a run too short for the posterior). Any other kind's warning stands for the verdict."""
     from ppl_sgmcmc import health
 
-    advisory = lambda kernel, flags, values, tuned=False, reducible=False: {kind: f"{kernel}: {kind} (advisory)"}  # noqa: E731
+    advisory = lambda kernel, flags, values, *options: {kind: f"{kernel}: {kind} (advisory)"}  # noqa: E731
     monkeypatch.setattr(health, "failures", advisory)
     short = MCMC(SGLD(potential_fn=gaussian, step_size=0.005), num_warmup=10, num_samples=200, progress_bar=False)
     with warnings.catch_warnings(record=True) as caught:
