@@ -208,9 +208,9 @@ def run(
     kernel = mcmc.sampler if backend == "numpyro" else mcmc.kernel
     own_verdict = getattr(mcmc, "verdict", None)  # `ppl_sgmcmc.numpyro.MCMC` judges each run: here, each chunk
     judge = own_verdict if isinstance(own_verdict, str) else "parameters"
-    if judge == "predictions":  # refused before the run, not after it
-        from ppl_sgmcmc import diagnostics
+    from ppl_sgmcmc import diagnostics
 
+    if judge == "predictions":  # refused before the run, not after it
         diagnostics._check_predictions(kernel, "checkpoint.run")
     kernel._judged_after_run = True  # the chunks are judged together, at the end
     if own_verdict is not None:
@@ -230,8 +230,6 @@ def run(
     judged = (own_verdict is not False and kernel.samples_posterior and getattr(mcmc, "postprocess_fn", None) is None
               and isinstance(getattr(last, "z", {}), Mapping))  # fmt: skip
     if judged and mcmc.num_samples // getattr(mcmc, "thinning", 1) >= verdict.MIN_DRAWS:
-        from ppl_sgmcmc import diagnostics
-
         result = diagnostics.verdict(mcmc, warn=False, judge=judge)
         reporter = getattr(kernel, "_health", None)  # none if every chunk was on disk already: the kernel never ran
         if reporter is None or not reporter.named_failure:  # a failed health check already named the failure

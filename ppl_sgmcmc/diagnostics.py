@@ -1249,8 +1249,9 @@ def verdict(
                     predictions = _row_log_likelihoods(run, "verdict")
             except Exception:  # noqa: BLE001 - a model whose rows cannot be evaluated keeps the parameters' verdict
                 predictions = None
-            if predictions is not None:
-                result = _verdict.assess(draws, predictions=predictions, **common)
+            if predictions is not None:  # the parameters' statistics are not computed again
+                on_predictions = _verdict.assess(draws, predictions=predictions, judge="predictions", **common)
+                result = _verdict.with_predictions(result, on_predictions)
     if warn:
         _verdict.report(result, run.kernel.name)
     return result

@@ -307,30 +307,22 @@ def message(
             "step size are rejected, so the chain stands still. Fix the `step_size` schedule (it must stay "
             "positive for every step of the run, warm-up included)."
         )
-    if kind == "rejections" and step_fix is not None:
-        return (
-            f"{kernel}: {int(rejected)} of the first {int(steps)} steps were rejected as non-finite "
-            f"({rejected / max(steps, 1):.0%}); the draws are not a sample of the posterior. The step is probably too "
-            f"large for the model's curvature or gradient noise ({step_fix}), or the chain starts in or reaches a "
-            "region where the model is undefined (check the initial values)."
-        )
-    if kind == "runaway" and step_fix is not None:
-        return (
-            f"{kernel}: after {int(steps)} steps the chain's position reached a magnitude of {largest:.3g} (over "
-            f"{RUNAWAY:g}): the chain is diverging. Take a smaller step: {step_fix}."
-        )
+    # a kernel whose smaller step is not a smaller step size (SGFS's `alpha`) names its own fix, and no step size
+    too_large = "step size is probably too large" if step_fix is None else "step is probably too large"
+    hint = _TUNED_HINT if step_fix is None else ""
     if kind == "rejections":
         return (
             f"{kernel}: {int(rejected)} of the first {int(steps)} steps were rejected as non-finite "
-            f"({rejected / max(steps, 1):.0%}); the draws are not a sample of the posterior. The step size is "
-            "probably too large for the model's curvature or gradient noise (try 10x smaller), or the chain "
-            "starts in or reaches a region where the model is undefined (check the initial values)." + _TUNED_HINT
+            f"({rejected / max(steps, 1):.0%}); the draws are not a sample of the posterior. The {too_large} for the "
+            f"model's curvature or gradient noise ({step_fix or 'try 10x smaller'}), or the chain starts in or "
+            "reaches a region where the model is undefined (check the initial values)." + hint
         )
     if kind == "runaway":
+        smaller = "Reduce the step size" if step_fix is None else f"Take a smaller step: {step_fix}"
         return (
             f"{kernel}: after {int(steps)} steps the chain's position, momentum or thermostat reached a magnitude "
-            f"of {largest:.3g} (over {RUNAWAY:g}): the chain is diverging. Reduce the step size; for SGNHT also "
-            "check that the warm-up lets the thermostat settle." + _TUNED_HINT
+            f"of {largest:.3g} (over {RUNAWAY:g}): the chain is diverging. {smaller}; for SGNHT also "
+            "check that the warm-up lets the thermostat settle." + hint
         )
     if kind == "noise":
         fix = (

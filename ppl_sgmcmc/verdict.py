@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -87,6 +87,7 @@ __all__ = [
     "Verdict",
     "assess",
     "report",
+    "with_predictions",
 ]
 
 #: The largest split rank-normalised R-hat of a run that passes (Vehtari et al. 2021).
@@ -500,39 +501,41 @@ def assess(
     u = None if energy is None else np.asarray(energy, np.float64).reshape(chains, n)
     if u is not None and not np.isfinite(u).all():
         u = None
-    # the energy thinned to the draws of the parameters, or of the predictions
-
-    def e(most: int) -> np.ndarray | None:
-        return None if u is None else _thinned(u, most)
-
-    judged = x if p is None or judge == "parameters" else p
-    statistics = _statistics(judged, e(min(judged.shape[1], MAX_DRAWS)), judge)
+    statistics = _statistics(x if p is None or judge == "parameters" else p, u, judge)
     if statistics is None:  # every coordinate has a non-finite draw: nothing to compare, and nothing to trust
         return Verdict(chains, n, math.inf, "every coordinate (non-finite draws)", 0.0, 0.0, math.inf, "the draws",
                        judged=judge, dimension=d)  # fmt: skip
-    parameters_rhat = None
-    if p is not None and judge == "parameters" and statistics["rhat"] > RHAT_LIMIT:
-        on_predictions = _statistics(p, e(p.shape[1]), "predictions")
-        if on_predictions is not None and on_predictions["rhat"] <= RHAT_LIMIT:  # copies of one posterior
-            parameters_rhat = (statistics["rhat"], statistics["rhat_of"])
-            statistics, judge = on_predictions, "predictions"
     ratio = math.nan
     if noise_ratio is not None:
         ratios = np.asarray(noise_ratio, np.float64)
         ratios = ratios[np.isfinite(ratios)]
         ratio = float(np.quantile(ratios, NOISE_QUANTILE)) if ratios.size else math.nan
-    return Verdict(num_chains=chains, num_draws=n, **statistics, noise_ratio=ratio, noise_limit=noise_limit,
-                   warmup=warmup, advice=tuple(advice), judged=judge, parameters_rhat=parameters_rhat,
-                   dimension=d)  # fmt: skip
+    result = Verdict(num_chains=chains, num_draws=n, **statistics, noise_ratio=ratio, noise_limit=noise_limit,
+                     warmup=warmup, advice=tuple(advice), judged=judge, dimension=d)  # fmt: skip
+    if p is None or judge == "predictions" or not result.unmixed:
+        return result
+    on_predictions = assess(draws, energy=energy, noise_ratio=noise_ratio, noise_limit=noise_limit, warmup=warmup,
+                            advice=advice, predictions=p, judge="predictions")  # fmt: skip
+    return with_predictions(result, on_predictions)
+
+
+def with_predictions(on_parameters: Verdict, on_predictions: Verdict) -> Verdict:
+    """The verdict of a run judged on its parameters whose chains disagree (``on_parameters``), given its verdict on
+    the predictions: the predictions' verdict, failing as :attr:`Verdict.symmetric`, where the chains agree on
+    them (copies of one posterior); else ``on_parameters``."""
+    if not on_parameters.unmixed or on_predictions.unmixed:
+        return on_parameters
+    return replace(on_predictions, parameters_rhat=(on_parameters.rhat, on_parameters.rhat_of))
 
 
 def _statistics(values: np.ndarray, energy: np.ndarray | None, judged: str) -> dict[str, Any] | None:
     """:class:`Verdict`'s R-hat, ESS and drift fields from the watched quantities of ``values`` ``(chains, draws,
-    d)`` (the parameters' or the predictions': ``judged``) and the thinned ``energy``; ``None`` if no coordinate
-    has only finite draws."""
+    d)`` (the parameters' or the predictions': ``judged``) and the ``energy`` ``(chains, n)`` (thinned to the draws
+    read); ``None`` if no coordinate has only finite draws."""
     selected, index = _selected(values)
     if selected.shape[-1] == 0:
         return None
+    energy = None if energy is None else _thinned(energy, selected.shape[1])
     quantities, names, drifting = _watched(selected, index, energy, judged)
     rhat, bulk, tail = _diagnostics(quantities)
     rhat = np.where(np.isfinite(rhat), rhat, 1.0)  # a constant quantity: nothing to compare
