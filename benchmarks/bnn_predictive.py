@@ -301,7 +301,8 @@ def _steps(cell: dict[str, Any]) -> str:
 WARNING_KINDS = {"noise ratio is": "noise", "ran off": "run-off", "not a sample of the posterior yet": "verdict",
                  "too short for reliable": "verdict (short)", "preconditioner changed": "preconditioner",
                  "rejected as non-finite": "rejections", "is diverging": "runaway", "has not moved": "frozen",
-                 "is not larger than the number of parameters": "SGFS's Fisher"}  # fmt: skip
+                 "is not larger than the number of parameters": "SGFS's Fisher",
+                 "agree on the model's predictions but not on its parameters": "verdict (symmetric)"}  # fmt: skip
 
 
 def _warnings(cell: dict[str, Any]) -> str:

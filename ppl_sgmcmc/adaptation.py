@@ -122,6 +122,12 @@ MIN_EFFECTIVE = 2 * BATCHES
 #: step size and the noise it meets converge over several re-tunings.
 RETUNE_FRACTION = 0.025
 
+#: A re-tuning may raise the step size by at most this factor: the noise it tunes from was measured at the current
+#: step, and a control-variate gradient's noise grows with the step (the chain strays further from the control's
+#: centre), so a larger jump rests on a measurement the jump invalidates and the step oscillates between the cap
+#: and a collapse. Decreases are not bounded.
+RETUNE_GROWTH = 2.0
+
 #: A window may rescale a coordinate of ``u`` by at most this factor (or its inverse): a window in which the
 #: chain did not explore a direction must not collapse it.
 MAX_RESCALE = 3.0
@@ -1011,8 +1017,8 @@ def adapt_step(
       :data:`RETUNE_FRACTION` of the warm-up has passed since, with ``tune_step_size``, the step size becomes
       :func:`tuned_step_size` of the noisiest such period since the current slow window began (``noise_peak``;
       the noise is measured in the new coordinates), capped at ``max_step_size`` divided by the curvature (that of the
-      Laplace approximation: a rescaling brings a coordinate's spread to 1, where a Gaussian's curvature is 1),
-      and the noise sum restarts;
+      Laplace approximation: a rescaling brings a coordinate's spread to 1, where a Gaussian's curvature is 1)
+      and at most :data:`RETUNE_GROWTH` times the step size it replaces, and the noise sum restarts;
     * after the warm-up (``step_index >= e_{k+1}``) the state is returned unchanged.
 
     With a low-rank-plus-diagonal preconditioner (:mod:`ppl_sgmcmc.low_rank`) and the step's ``gradient``, each
@@ -1133,7 +1139,7 @@ def adapt_step(
     step_size = state.step_size
     if tune_step_size:
         tuned = tuned_step_size(xp.reshape(noise_peak, (1,)), target, temperature, max_step_size / curvature)
-        step_size = xp.where(measured_any, tuned, step_size)
+        step_size = xp.where(measured_any, xp.minimum(tuned, RETUNE_GROWTH * step_size), step_size)
     noise_sum = xp.where(closes, xp.zeros_like(noise_sum), noise_sum)
     noise_count = xp.where(closes, xp.zeros_like(noise_count), noise_count)
     window_index = state.window_index + xp.astype(closes_window, state.window_index.dtype)

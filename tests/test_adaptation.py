@@ -417,6 +417,24 @@ def test_adapt_step_tunes_at_window_ends(dense: bool) -> None:
     assert int(final.window_index) == len(ends)
 
 
+def test_adapt_step_raises_the_step_size_at_most_twofold_a_retuning() -> None:
+    """When the noise falls twentyfold (as a control-variate gradient's does at a small step), the step size climbs
+    to the new noise's step by doublings, one re-tuning at a time, instead of jumping there: the noise was measured
+    at the old step, and a control variate's noise grows with the step."""
+    draws = np.random.default_rng(6).normal(size=(NUM_WARMUP, 3))
+    terms = np.ones((NUM_WARMUP, 3)) * np.array([10.0, 200.0, 1.0])
+    terms[1000:, 1] = 2.0  # from step 1000 the noisiest coordinate is the first (10)
+    _, step_sizes, _ = run_adaptation(draws, terms, False, adapt_mass=False)
+    before, after = 2 * 0.1 / 200, 2 * 0.1 / 10
+    # the slow window [1000, 1800) keeps its noisiest period (it began with the previous window's last, 200) until
+    # it closes; then the end buffer re-tunes every 50 steps (2.5 % of the warm-up) and at its end
+    changes = [t for t in range(1000, NUM_WARMUP) if step_sizes[t] != step_sizes[t - 1]]
+    assert changes == [1800 - 1, 1850 - 1, 1900 - 1, 1950 - 1, 2000 - 1]
+    np.testing.assert_allclose(step_sizes[1800 - 2], before, rtol=1e-5)
+    np.testing.assert_allclose(step_sizes[changes[:4]], before * 2.0 ** np.arange(1, 5), rtol=1e-5)
+    np.testing.assert_allclose(step_sizes[-1], after, rtol=1e-5)  # 20x in five re-tunings, the last one partial
+
+
 @pytest.mark.parametrize("dense", [True, False])
 def test_adapt_step_rescales_from_effective_draws(dense: bool) -> None:
     rng = np.random.default_rng(5)

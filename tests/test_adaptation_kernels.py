@@ -348,11 +348,11 @@ def test_bad_adaptation_options(backend):
 
 
 def walled(backend):
-    """``U = x²/2`` inside ``|x| < 2.5`` and a steep quartic wall outside: a tuned step size that is stable at
-    the start (curvature 1) makes a chain that reaches the wall run off."""
+    """``U = x²/2`` inside ``|x| < 1.5`` and a steep quartic wall outside: the start's step size (the cap), stable at
+    the start (curvature 1), makes a chain that reaches the wall (within the first re-tuning period) run off."""
     if backend is np_backend:
-        return lambda z: jnp.sum(0.5 * z["x"] ** 2 + 50 * jnp.maximum(jnp.abs(z["x"]) - 2.5, 0.0) ** 4)
-    return lambda z: (0.5 * z["x"] ** 2 + 50 * torch.clamp(z["x"].abs() - 2.5, min=0.0) ** 4).sum()
+        return lambda z: jnp.sum(0.5 * z["x"] ** 2 + 50 * jnp.maximum(jnp.abs(z["x"]) - 1.5, 0.0) ** 4)
+    return lambda z: (0.5 * z["x"] ** 2 + 50 * torch.clamp(z["x"].abs() - 1.5, min=0.0) ** 4).sum()
 
 
 @pytest.mark.parametrize("backend", [np_backend, pyro_backend])

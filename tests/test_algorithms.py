@@ -205,13 +205,14 @@ def test_a_run_off_caps_the_later_step_sizes_and_drops_its_noise():
     """A chain that runs off during the warm-up (``adaptation.ran_off``) restarts with its step size divided by
     ``RESTART_SHRINK``; the run-off showed more curvature than the start did, so no later re-tuning returns above that
     step, and the noise measured during the run-off (a chain far out, where a network's noise is huge) does not set
-    the next step. On a standard normal walled off at |x| = 2.5 by a quartic (curvature ~1e4 beyond), the start's
-    cap (0.2) is unstable on the wall: before, each re-tuning went back to it, and the chain ran off again at every
-    window (on the MLP of the hands-off table, SVRG's tiny noise sent SGHMC to the cap at each window, and the noise of
-    each run-off collapsed its next step to 1e-6)."""
+    the next step. On a standard normal walled off at |x| = 1.5 by a quartic (curvature ~1e4 beyond), the start's
+    cap (0.2) is unstable on the wall, which the chain reaches within the first re-tuning period: before, each
+    re-tuning went back to it, and the chain ran off again at every window (on the MLP of the hands-off table,
+    SVRG's tiny noise sent SGHMC to the cap at each window, and the noise of each run-off collapsed its next step to
+    1e-6)."""
 
     def walled(z):
-        return jnp.sum(0.5 * z["x"] ** 2 + 50 * jnp.maximum(jnp.abs(z["x"]) - 2.5, 0.0) ** 4)
+        return jnp.sum(0.5 * z["x"] ** 2 + 50 * jnp.maximum(jnp.abs(z["x"]) - 1.5, 0.0) ** 4)
 
     kernel = np_backend.SGLD(potential_fn=walled, find_mode=False)
     mcmc = MCMC(kernel, num_warmup=3000, num_samples=10, progress_bar=False)

@@ -86,6 +86,7 @@ def test_parallel_chains_in_worker_processes(logistic_data, monkeypatch):
     import pyro.infer.mcmc.api as api
 
     monkeypatch.setattr(api.mp, "cpu_count", lambda: 4)  # Pyro runs chains in workers only if cpus > chains
+
     # each spawned worker imports torch, pyro and jax afresh (several seconds on the shared test machine);
     # tracing the potential would add torch's tracing machinery to that, so this run skips it
     def make_kernel():

@@ -38,6 +38,12 @@ KERNELS = ["SGLD", "SGHMC", "SGNHT", "PSGLD", "CSGLD", "CSGHMC", "SGFS", "ReSGLD
 # (kernel, network kind): every kernel on the PyroModule network, and the converted one on the metric-adapting
 # SGNHT and on SGFS's per-datum scores (the module docstring says why this covers the grid)
 RUNS = [(name, "pyromodule") for name in KERNELS] + [(name, "converted") for name in ("SGNHT", "SGFS")]
+# the runs whose kernel runs the network eagerly (``compile_potential=False``): each of these kernels' compiled step
+# (the one Inductor compile of each, seconds, which is most of such a run's time) is checked against its eager step in
+# ``test_compile.py::test_compiled_step_equals_eager`` (SGLD, PSGLD, CSGLD, SGHMC; CSGHMC's step is CSGLD's contour
+# weights on SGHMC's momentum), and the network's compiled graphs run here under SGNHT, SGFS (both kinds) and the
+# replica-exchange kernels (which share the gradient's graph), and in the conjugate test below (SGNHT)
+EAGER_RUNS = {"SGLD", "SGHMC", "PSGLD", "CSGLD", "CSGHMC"}
 NOISE = 0.5
 
 
@@ -94,8 +100,9 @@ def data():
 
 
 # the network runs on one pytest-xdist worker (`--dist loadgroup`): the kernels' compiled graphs of the network (the
-# gradient, shared by every kernel; SGFS's per-datum scores and step, shared by both kinds, whose graphs are the
-# same) are compiled once in a process (the memo of `ppl_sgmcmc.pyro.compile`), not once per worker (SGFS's: seconds)
+# gradient, shared by every kernel but those of `EAGER_RUNS`; SGFS's per-datum scores and step, shared by both kinds,
+# whose graphs are the same) are compiled once in a process (the memo of `ppl_sgmcmc.pyro.compile`), not once per
+# worker (SGFS's: seconds)
 on_networks = pytest.mark.xdist_group("pyro_modules_networks")
 
 
@@ -106,10 +113,12 @@ def test_network_runs_with_defaults(name, kind, data):
     """The kernel runs the network with its defaults (no step size): finite draws of every weight site with its
     shape, every coordinate moving (not stuck at its start), and finite predictions. The sizes are the least the
     defaults allow (a warm-up of 200 steps) and 50 draws, as this checks that the run works, not what it samples
-    (the conjugate test below does)."""
+    (the conjugate test below does). The kernels of :data:`EAGER_RUNS` run the model eagerly (the defaults but
+    ``compile_potential``): what this checks is their defaults' tuning on a network, not their compiled steps."""
     X, y = data
     model = Regression(_network(kind))
-    mcmc = MCMC(getattr(kernels, name)(model), warmup_steps=200, num_samples=50, disable_progbar=True)
+    kernel = getattr(kernels, name)(model, **({"compile_potential": False} if name in EAGER_RUNS else {}))
+    mcmc = MCMC(kernel, warmup_steps=200, num_samples=50, disable_progbar=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a short run's verdict and noise warnings
         mcmc.run(X, y)
