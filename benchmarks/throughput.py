@@ -134,7 +134,7 @@ def kernel_specs():
             "SGNHT multivar. splitting",
             lambda **kw: SGNHT(model, step_size=1e-3, diffusion=1.0, **kw),
             sgnht,
-            dict(t, diffusion=1.0, multivariate=True, integrator="splitting"),
+            dict(t, diffusion=1.0, thermostat="multivariate", integrator="splitting"),
             1e-3,
             "sgnht",
             True,
@@ -143,7 +143,7 @@ def kernel_specs():
             "SGNHT multivar. euler",
             lambda **kw: SGNHT(model, step_size=1e-3, diffusion=1.0, integrator="euler", **kw),
             sgnht,
-            dict(t, diffusion=1.0, multivariate=True, integrator="euler"),
+            dict(t, diffusion=1.0, thermostat="multivariate", integrator="euler"),
             1e-3,
             "sgnht",
             True,
@@ -152,7 +152,7 @@ def kernel_specs():
             "SGNHT scalar euler",
             lambda **kw: SGNHT(model, step_size=1e-3, diffusion=1.0, thermostat="scalar", integrator="euler", **kw),
             sgnht,
-            dict(t, diffusion=1.0, multivariate=False, integrator="euler"),
+            dict(t, diffusion=1.0, thermostat="scalar", integrator="euler"),
             1e-3,
             "sgnht",
             False,
@@ -637,9 +637,7 @@ def pyro_kernel_specs():
     for label, make_numpyro_kernel, rule, hyper, step_size, *_ in kernel_specs():
         numpyro_kernel = make_numpyro_kernel()
         cls = getattr(pyro_kernels, type(numpyro_kernel).__name__)
-        options = {k: v for k, v in hyper.items() if k not in ("multivariate",)}
-        if "multivariate" in hyper:
-            options["thermostat"] = "multivariate" if hyper["multivariate"] else "scalar"
+        options = dict(hyper)
 
         def make(cls=cls, options=options, step_size=step_size, **kwargs):
             return cls(pyro_model, step_size=step_size, **options, **kwargs)

@@ -1287,7 +1287,7 @@ class SGNHT(Algorithm[sgnht_rule.SGNHTState]):
     scalar-thermostat SGNHT of Ding et al. ("Bayesian Sampling Using Stochastic Gradient
     Thermostats", NeurIPS 2014).
 
-    mSGNHT-S, with ``k(p) = p⊙p`` (multivariate) or ``pᵀp/d`` (scalar)::
+    mSGNHT-S, with ``k(p) = p⊙p`` (multivariate), ``pᵀp/d`` (scalar) or ``p pᵀ`` (matrix, less ``τ I``)::
 
         θ ← θ + (h/2) p;  ξ ← ξ + (h/2)(k(p) - τ);  p ← exp(-ξ h/2) ⊙ p
         p ← p - h ∇Ũ_t(θ) + sqrt(2 D h τ) ζ
@@ -1308,7 +1308,12 @@ class SGNHT(Algorithm[sgnht_rule.SGNHTState]):
 
     :param step_size: ``h``, a float or a schedule.
     :param diffusion: ``D > 0`` (default 1.0), the injected noise's diffusion; a float or a schedule.
-    :param thermostat: ``"multivariate"`` (default, ``ξ ∈ R^d``) or ``"scalar"``.
+    :param thermostat: ``"multivariate"`` (default, ``ξ ∈ R^d``), ``"scalar"``, or ``"matrix"``: a symmetric
+        ``Ξ ∈ R^{d×d}`` updated by ``Ξ ← Ξ + (h/2)(p pᵀ - τ I)``, whose friction ``Ξ p`` and damping ``exp(-Ξ h/2) p``
+        replace the products with ``ξ``. The multivariate thermostat settles at ``ξ_k ≈ D + h V_kk/2`` and absorbs
+        only the variances of the gradient noise (covariance ``V``); the matrix one settles at ``Ξ ≈ D I + h V/2``
+        and absorbs its covariances too, which a network's minibatch noise has. It costs ``d²`` numbers of state and
+        an eigendecomposition of ``Ξ`` a step (``O(d³)``): meant for up to a few hundred coordinates.
     :param integrator: ``"splitting"`` (default) or ``"euler"``.
     :param temperature: ``τ`` (default 1).
 
@@ -1331,16 +1336,15 @@ class SGNHT(Algorithm[sgnht_rule.SGNHTState]):
     @property
     def _absorbs_noise_per_coordinate(self) -> bool:
         """The multivariate thermostat does (its friction ``ξ_k`` settles at ``D + h V_kk/2``); the scalar one
-        absorbs only the noise's mean variance."""
-        return bool(self._options["multivariate"])
+        absorbs only the noise's mean variance, the matrix one its whole covariance (in any coordinates)."""
+        return bool(self._options["thermostat"] == "multivariate")
 
     def _restart_rule_state(
         self, rule_state: sgnht_rule.SGNHTState, u: Array, fresh_noise: Array, i: StepIndex
     ) -> sgnht_rule.SGNHTState:
         """A momentum redrawn and the thermostat back at ``D``: a thermostat that ran off with the chain would
         freeze it."""
-        xp = array_namespace(rule_state.thermostat)
-        thermostat = xp.full_like(rule_state.thermostat, self._options["diffusion"])
+        thermostat = sgnht_rule.start(u, self._options["diffusion"], self._options["thermostat"])
         return refresh_momentum(rule_state, fresh_noise, self.temperature_at(i))._replace(thermostat=thermostat)
 
     def __init__(
@@ -1363,14 +1367,15 @@ class SGNHT(Algorithm[sgnht_rule.SGNHTState]):
             )
         self._options = {
             "diffusion": _checks.positive("diffusion", diffusion, name),
-            "multivariate": _checks.choice("thermostat", thermostat, ("multivariate", "scalar"), name)
-            == "multivariate",
+            "thermostat": _checks.choice("thermostat", thermostat, sgnht_rule.THERMOSTATS, name),
             "integrator": _checks.choice("integrator", integrator, INTEGRATORS, name),
         }
 
     def progress(self, state: ChainState[sgnht_rule.SGNHTState]) -> dict[str, Any]:
-        """The base items and the mean thermostat ``ξ̄``."""
-        return {**super().progress(state), "ξ̄": f"{float(state.rule_state.thermostat.mean()):.3g}"}
+        """The base items and the mean thermostat ``ξ̄`` (of the matrix thermostat's diagonal)."""
+        thermostat = state.rule_state.thermostat
+        mean = thermostat.diagonal().mean() if thermostat.ndim == 2 else thermostat.mean()
+        return {**super().progress(state), "ξ̄": f"{float(mean):.3g}"}
 
 
 class PSGLD(Algorithm[psgld_rule.PSGLDState]):

@@ -244,10 +244,12 @@ def predicted_cov_momentum(precision, grad_cov, step_size, friction, diffusion, 
 
 
 def _momentum_chain_cov(precision, grad_cov, step_size, friction, diffusion, integrator):
-    """Stationary covariance of ``(θ, p)`` of the linear momentum chain."""
+    """Stationary covariance of ``(θ, p)`` of the linear momentum chain (``friction``: a scalar, a vector or a
+    ``d × d`` matrix)."""
     d = precision.shape[0]
     h, Id, Z = step_size, np.eye(d), np.zeros((d, d))
-    A = np.diag(np.broadcast_to(np.asarray(friction, np.float64), (d,)))
+    friction = np.asarray(friction, np.float64)
+    A = friction if friction.ndim == 2 else np.diag(np.broadcast_to(friction, (d,)))
     noise_p = 2 * h * np.diag(np.broadcast_to(np.asarray(diffusion, np.float64), (d,))) + h**2 * grad_cov
     Q_p = np.block([[Z, Z], [Z, noise_p]])  # noise enters the momentum
     if integrator == "euler":
@@ -266,29 +268,40 @@ def _momentum_chain_cov(precision, grad_cov, step_size, friction, diffusion, int
     return _stationary(M, Q)
 
 
-def predicted_thermostat(precision, grad_cov, step_size, diffusion, integrator, multivariate=True):
+def predicted_thermostat(precision, grad_cov, step_size, diffusion, integrator, thermostat="multivariate"):
     """SGNHT on a Gaussian target, frozen at its equilibrium friction: the thermostat ``ξ`` settles
-    where the stationary momentum has ``E[p ⊙ p] = 1`` (or ``E[pᵀp]/d = 1``), i.e. where
-    ``ξ_{t+1} - ξ_t`` has mean zero. Returns ``(ξ, Cov(θ))`` of that linear chain.
+    where the stationary momentum has ``E[p ⊙ p] = 1`` (``"multivariate"``), ``E[pᵀp]/d = 1`` (``"scalar"``)
+    or ``E[p pᵀ] = I`` (``"matrix"``, a symmetric ``ξ``), i.e. where ``ξ_{t+1} - ξ_t`` has mean zero. Returns
+    ``(ξ, Cov(θ))`` of that linear chain.
 
-    To first order ``ξ ≈ D + h·diag(C)/2``: the thermostat absorbs the diagonal of the gradient
-    noise, not its off-diagonal part, whose bias remains in ``Cov(θ)``.
+    To first order ``ξ ≈ D + h·diag(C)/2``: the multivariate thermostat absorbs the diagonal of the gradient
+    noise, not its off-diagonal part, whose bias remains in ``Cov(θ)``; the matrix one, ``Ξ ≈ D I + h C/2``,
+    absorbs all of it.
     """
     d = precision.shape[0]
     h = step_size
+    upper = np.triu_indices(d)
 
-    def momentum_var(xi):
-        friction = xi if multivariate else np.full(d, xi[0])
-        M_cov = _momentum_chain_cov(precision, grad_cov, h, friction, diffusion, integrator)
-        p_var = np.diag(M_cov)[d:]
-        return p_var if multivariate else np.atleast_1d(p_var.mean())
+    def friction_of(x):
+        if thermostat == "matrix":
+            xi = np.zeros((d, d))
+            xi[upper] = x
+            return xi + np.triu(xi, 1).T
+        return x if thermostat == "multivariate" else np.full(d, x[0])
 
-    xi = np.asarray(diffusion + h * np.diag(grad_cov) / 2, np.float64)
-    xi = xi if multivariate else np.atleast_1d(xi.mean())
-    xi = scipy.optimize.fsolve(lambda x: momentum_var(x) - 1.0, xi)
-    friction = xi if multivariate else np.full(d, xi[0])
-    cov = _momentum_chain_cov(precision, grad_cov, h, friction, diffusion, integrator)[:d, :d]
-    return (xi if multivariate else xi[0]), cov
+    def momentum_excess(x):
+        p_cov = _momentum_chain_cov(precision, grad_cov, h, friction_of(x), diffusion, integrator)[d:, d:]
+        if thermostat == "matrix":
+            return (p_cov - np.eye(d))[upper]
+        p_var = np.diag(p_cov)
+        return (p_var if thermostat == "multivariate" else np.atleast_1d(p_var.mean())) - 1.0
+
+    first_order = diffusion * np.eye(d) + h * np.asarray(grad_cov, np.float64) / 2
+    start = {"matrix": first_order[upper], "multivariate": np.diag(first_order),
+             "scalar": np.atleast_1d(np.diag(first_order).mean())}[thermostat]  # fmt: skip
+    xi = friction_of(scipy.optimize.fsolve(momentum_excess, start))
+    cov = _momentum_chain_cov(precision, grad_cov, h, xi, diffusion, integrator)[:d, :d]
+    return (xi[0] if thermostat == "scalar" else xi), cov
 
 
 def mahalanobis(draws, mean, cov):

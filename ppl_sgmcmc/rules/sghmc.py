@@ -1,9 +1,10 @@
 """Stochastic gradient Hamiltonian Monte Carlo (Chen, Fox & Guestrin, ICML 2014) with identity
 mass, and its symmetric-splitting integrator (Chen, Ding & Carin, NeurIPS 2015; Li et al., AAAI 2016).
 
-The momentum integrators below take a general ``friction`` (a scalar or a vector the size of
-``θ``) and ``diffusion`` ``D``; SGHMC is the case ``D = friction = A``, and the thermostat
-rules of :mod:`ppl_sgmcmc.rules.sgnht` call them with the thermostat ``ξ`` as friction.
+The momentum integrators below take a general ``friction`` (a scalar, a vector the size of ``θ``,
+or a symmetric ``d × d`` matrix ``Ξ``, whose ``Ξ p`` and ``exp(-Ξ h/2) p`` replace the products below) and
+``diffusion`` ``D``; SGHMC is the case ``D = friction = A``, and the thermostat rules of
+:mod:`ppl_sgmcmc.rules.sgnht` call them with the thermostat ``ξ`` as friction.
 
 Euler (first order)::
 
@@ -61,13 +62,42 @@ def init(position, noise, temperature=1.0):
     return SGHMCState(temperature**0.5 * noise)
 
 
+def damping(friction, time, like):
+    """``exp(-friction t)``: coordinate by coordinate for a scalar or vector friction; for a symmetric matrix
+    ``Ξ``, its matrix exponential through the eigendecomposition ``Ξ = Q diag(λ) Qᵀ``: ``Q diag(exp(-λ t)) Qᵀ``.
+    ``like``: an array of the backend and device to use. Apply it with :func:`times`.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import sghmc
+        >>> p = jnp.array([1.0, 1.0])
+        >>> [round(v, 4) for v in sghmc.times(sghmc.damping(jnp.array([2.0, 0.0]), 0.5, p), p).tolist()]
+        [0.3679, 1.0]
+        >>> [round(v, 4) for v in sghmc.times(sghmc.damping(jnp.ones((2, 2)), 0.5, p), p).tolist()]
+        [0.3679, 0.3679]
+    """
+    xp = array_namespace(like)
+    friction = xp.asarray(friction, device=device(like))
+    if friction.ndim == 2:
+        values, vectors = xp.linalg.eigh(friction)
+        return (vectors * xp.exp(-values * time)) @ vectors.T
+    return xp.exp(-friction * time)
+
+
+def times(operator, momentum):
+    """``operator p``: the matrix-vector product for a ``d × d`` operator, else coordinate by coordinate."""
+    return operator @ momentum if getattr(operator, "ndim", 0) == 2 else operator * momentum
+
+
 def euler(position, momentum, grad_fn, noise, step_size, friction, diffusion, temperature):
     """First-order Euler move of ``(θ, p)``; returns ``(θ, p, gradient)``::
 
         θ ← θ + h p
         p ← p - h ∇Ũ_t(θ) - h friction ⊙ p + sqrt(2 D h τ) ζ
 
-    The gradient is taken at the new ``θ``. ``friction``: a scalar or an array of the shape of ``θ``;
+    The gradient is taken at the new ``θ``. ``friction``: a scalar, an array of the shape of ``θ``
+    or a symmetric ``d × d`` matrix (:func:`damping`);
     ``diffusion``: ``D``.
 
     **Example** (no friction and no noise: a symplectic Euler step on ``U(x) = x²/2``)::
@@ -86,7 +116,7 @@ def euler(position, momentum, grad_fn, noise, step_size, friction, diffusion, te
     momentum = (
         momentum
         - step_size * gradient.grad
-        - step_size * friction * momentum
+        - step_size * times(friction, momentum)
         + (2 * diffusion * step_size * temperature) ** 0.5 * noise
     )
     return position, momentum, gradient
@@ -98,8 +128,9 @@ def splitting(position, momentum, grad_fn, noise, step_size, friction, diffusion
         A: θ ← θ + (h/2) p;  B: p ← exp(-friction h/2) ⊙ p;  O: p ← p - h ∇Ũ_t(θ) + sqrt(2 D h τ) ζ
         B: p ← exp(-friction h/2) ⊙ p;  A: θ ← θ + (h/2) p
 
-    The gradient is taken at the midpoint ``θ + (h/2) p``. ``friction``: a scalar or an array of the
-    shape of ``θ``; ``diffusion``: ``D``. With no friction and no noise it is the leapfrog integrator.
+    The gradient is taken at the midpoint ``θ + (h/2) p``. ``friction``: a scalar, an array of the
+    shape of ``θ`` or a symmetric ``d × d`` matrix (:func:`damping`); ``diffusion``: ``D``. With no friction
+    and no noise it is the leapfrog integrator.
 
     **Example** (leapfrog on ``U(x) = x²/2``: the energy ``U + p²/2`` is nearly conserved)::
 
@@ -113,14 +144,13 @@ def splitting(position, momentum, grad_fn, noise, step_size, friction, diffusion
         >>> round(float(x[0] ** 2 / 2 + p[0] ** 2 / 2), 2)
         0.5
     """
-    xp = array_namespace(position)
     half = step_size / 2
-    damping = xp.exp(xp.asarray(-friction * half, device=device(position)))
+    damped = damping(friction, half, position)
     position = position + half * momentum
-    momentum = damping * momentum
+    momentum = times(damped, momentum)
     gradient = grad_fn(position)
     momentum = momentum - step_size * gradient.grad + (2 * diffusion * step_size * temperature) ** 0.5 * noise
-    momentum = damping * momentum
+    momentum = times(damped, momentum)
     position = position + half * momentum
     return position, momentum, gradient
 

@@ -3,7 +3,16 @@ multivariate mSGNHT with the Euler (mSGNHT-E) and symmetric-splitting (mSGNHT-S)
 Li, Chen, Fan & Carin, *High-Order Stochastic Gradient Thermostats* (AAAI 2016).
 
 State ``(θ, p, ξ)`` with diffusion ``D``; ``ξ`` starts at ``D``. The thermostat measures the
-kinetic energy by ``k(p) = p ⊙ p`` (multivariate, ``ξ ∈ R^d``) or ``k(p) = pᵀp / d`` (scalar).
+kinetic energy by ``k(p) = p ⊙ p`` (multivariate, ``ξ ∈ R^d``) or ``k(p) = pᵀp / d`` (scalar); ``τ``
+below is ``τ I`` for the matrix thermostat.
+
+The matrix thermostat ``Ξ ∈ R^{d×d}`` (``k(p) = p pᵀ``, starting at ``D I``) is the Nosé-Hoover thermostat
+of the full kinetic-energy tensor: the friction ``Ξ p`` and the B-step's ``exp(-Ξ h/2) p``
+(:func:`ppl_sgmcmc.rules.sghmc.damping`) replace the products with ``ξ``. At equilibrium the multivariate
+thermostat settles at ``ξ_k ≈ D + h V_kk / 2`` for a gradient noise of covariance ``V`` and absorbs its
+variances only; the matrix one settles at ``Ξ ≈ D I + h V / 2`` and absorbs its covariances too, at
+``O(d²)`` memory and an ``O(d³)`` eigendecomposition a step (a generalisation of the thermostats of Ding et
+al. and Li et al., measured in the library's benchmarks).
 
 Euler (mSGNHT-E)::
 
@@ -33,7 +42,7 @@ NEEDS = "gradient"  # what the rule reads from the gradient (see ppl_sgmcmc.rule
 
 
 class SGNHTState(NamedTuple):
-    """The momentum ``p`` and the thermostat ``ξ`` (a vector, or a scalar for SGNHT).
+    """The momentum ``p`` and the thermostat ``ξ`` (a vector, a scalar for SGNHT, or a ``d × d`` matrix).
 
     **Example**::
 
@@ -48,29 +57,37 @@ class SGNHTState(NamedTuple):
     thermostat: Array
 
 
-def kinetic(momentum, multivariate):
-    """The thermostat's measure of kinetic energy: ``p ⊙ p`` (``multivariate``) or ``pᵀp / d``.
+THERMOSTATS = ("multivariate", "scalar", "matrix")
+
+
+def excess(momentum, thermostat="multivariate", temperature=1.0):
+    """The thermostat's force ``k(p) - τ``: ``k(p) = p ⊙ p`` (``"multivariate"``), ``pᵀp / d`` (``"scalar"``)
+    or ``p pᵀ`` (``"matrix"``, less ``τ I``).
 
     **Example**::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc.rules import sgnht
         >>> p = jnp.array([1.0, 2.0])
-        >>> sgnht.kinetic(p, multivariate=True).tolist(), float(sgnht.kinetic(p, multivariate=False))
-        ([1.0, 4.0], 2.5)
+        >>> sgnht.excess(p).tolist(), float(sgnht.excess(p, "scalar")), sgnht.excess(p, "matrix").tolist()
+        ([0.0, 3.0], 1.5, [[0.0, 2.0], [2.0, 3.0]])
     """
     xp = array_namespace(momentum)
+    if thermostat == "matrix":
+        eye = xp.eye(momentum.shape[0], dtype=momentum.dtype, device=device(momentum))
+        return momentum[:, None] * momentum[None, :] - temperature * eye
     squared = momentum * momentum
-    return squared if multivariate else xp.mean(squared)
+    return (squared if thermostat == "multivariate" else xp.mean(squared)) - temperature
 
 
-def init(position, noise, diffusion, multivariate=True, temperature=1.0):
-    """Momentum ``p ~ N(0, τ I)`` (``p = sqrt(τ) ζ``) and thermostat ``ξ = D``.
+def init(position, noise, diffusion, thermostat="multivariate", temperature=1.0):
+    """Momentum ``p ~ N(0, τ I)`` (``p = sqrt(τ) ζ``) and thermostat ``ξ = D`` (``D I`` for the matrix one).
 
-    :param position: the chain's start ``θ_0``; ``ξ`` takes its dtype (and its shape if ``multivariate``).
+    :param position: the chain's start ``θ_0``; ``ξ`` takes its dtype and device.
     :param noise: ``ζ``, a standard normal draw of the shape of ``position``.
     :param diffusion: ``D``, the injected noise's diffusion and the thermostat's start.
-    :param multivariate: ``ξ ∈ R^d`` (mSGNHT, default) or a scalar (SGNHT).
+    :param thermostat: ``"multivariate"`` (``ξ ∈ R^d``, mSGNHT, default), ``"scalar"`` (SGNHT) or ``"matrix"``
+        (``Ξ ∈ R^{d×d}``).
     :param temperature: ``τ`` (default 1).
     :return: :class:`SGNHTState`.
 
@@ -81,17 +98,41 @@ def init(position, noise, diffusion, multivariate=True, temperature=1.0):
         >>> x, noise = jnp.zeros(3), jnp.array([0.5, -1.0, 0.0])
         >>> sgnht.init(x, noise, diffusion=2.0).thermostat.tolist()
         [2.0, 2.0, 2.0]
-        >>> sgnht.init(x, noise, diffusion=2.0, multivariate=False).thermostat.shape
+        >>> sgnht.init(x, noise, diffusion=2.0, thermostat="scalar").thermostat.shape
         ()
+        >>> sgnht.init(x, noise, diffusion=2.0, thermostat="matrix").thermostat.shape
+        (3, 3)
+    """
+    return SGNHTState(temperature**0.5 * noise, start(position, diffusion, thermostat))
+
+
+def start(position, diffusion, thermostat="multivariate"):
+    """The thermostat's start: ``D`` (a vector of the shape of ``position``, or a scalar) or ``D I``.
+
+    **Example**::
+
+        >>> import jax.numpy as jnp
+        >>> from ppl_sgmcmc.rules import sgnht
+        >>> sgnht.start(jnp.zeros(2), 3.0, "matrix").tolist()
+        [[3.0, 0.0], [0.0, 3.0]]
     """
     xp = array_namespace(position)
-    shape = position.shape if multivariate else ()
-    thermostat = xp.full(shape, diffusion, dtype=position.dtype, device=device(position))
-    return SGNHTState(temperature**0.5 * noise, thermostat)
+    dtype, dev = position.dtype, device(position)
+    if thermostat == "matrix":
+        return diffusion * xp.eye(position.shape[0], dtype=dtype, device=dev)
+    return xp.full(position.shape if thermostat == "multivariate" else (), diffusion, dtype=dtype, device=dev)
 
 
 def step(
-    position, state, grad_fn, noise, step_size, diffusion, multivariate=True, integrator="splitting", temperature=1.0
+    position,
+    state,
+    grad_fn,
+    noise,
+    step_size,
+    diffusion,
+    thermostat="multivariate",
+    integrator="splitting",
+    temperature=1.0,
 ):
     """One (m)SGNHT step with the Euler or the symmetric-splitting integrator (see the module docstring).
 
@@ -101,7 +142,8 @@ def step(
     :param noise: ``ζ``, a standard normal draw of the shape of ``position``.
     :param step_size: ``h``.
     :param diffusion: ``D > 0``.
-    :param multivariate: a thermostat per coordinate (default) or one scalar thermostat.
+    :param thermostat: a thermostat per coordinate (``"multivariate"``, default), one (``"scalar"``), or a
+        ``d × d`` matrix (``"matrix"``); the state's ``ξ`` must have its shape (:func:`init`).
     :param integrator: ``"splitting"`` (mSGNHT-S, default) or ``"euler"`` (mSGNHT-E).
     :param temperature: ``τ`` (default 1).
     :return: ``(new position, new state, gradient)``.
@@ -121,17 +163,17 @@ def step(
         >>> sgnht.step(t, sgnht.init(t, z, diffusion=1.0), grad_fn, z, step_size=0.1, diffusion=1.0)[0]
         tensor([ 1.0535, -2.0487])
     """
-    momentum, thermostat = state
+    momentum, xi = state
     if integrator == "euler":
         position, momentum, gradient = sghmc.euler(
-            position, momentum, grad_fn, noise, step_size, thermostat, diffusion, temperature
+            position, momentum, grad_fn, noise, step_size, xi, diffusion, temperature
         )
-        thermostat = thermostat + step_size * (kinetic(momentum, multivariate) - temperature)
+        xi = xi + step_size * excess(momentum, thermostat, temperature)
     else:
         half = step_size / 2
-        thermostat = thermostat + half * (kinetic(momentum, multivariate) - temperature)
+        xi = xi + half * excess(momentum, thermostat, temperature)
         position, momentum, gradient = sghmc.splitting(
-            position, momentum, grad_fn, noise, step_size, thermostat, diffusion, temperature
+            position, momentum, grad_fn, noise, step_size, xi, diffusion, temperature
         )
-        thermostat = thermostat + half * (kinetic(momentum, multivariate) - temperature)
-    return position, SGNHTState(momentum, thermostat), gradient
+        xi = xi + half * excess(momentum, thermostat, temperature)
+    return position, SGNHTState(momentum, xi), gradient

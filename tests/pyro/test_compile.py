@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ppl_sgmcmc.pyro import CSGLD, PSGLD, SGFS, SGHMC, SGLD
+from ppl_sgmcmc.pyro import CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT
 from ppl_sgmcmc.pyro import compile as compile_
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 
@@ -444,7 +444,8 @@ def test_compiled_graph_disagreeing_with_the_model_is_not_used(data, monkeypatch
 # tensor: PSGLD; a Fisher estimate: SGFS; the contour's weights: CSGLD; a momentum: SGHMC), the warm-up's
 # preconditioner as inputs (tuned SGHMC) and rejected steps. SGNHT's step takes the same paths as SGHMC's (a momentum
 # and a thermostat, both rule-state tensors), and its arithmetic is checked against NumPyro's in
-# `test_cross_backend.py`; each row costs an Inductor compile of its step, seconds. The SGLD row's graph is the one
+# `test_cross_backend.py`; its matrix thermostat adds an eigendecomposition to the graph (its row). Each row costs an
+# Inductor compile of its step, seconds. The SGLD row's graph is the one
 # `test_one_compiled_step_serves_every_step_size` compiles (on the same worker: once).
 STEP_KERNELS = {
     "SGLD": lambda: SGLD(plain, step_size=1e-4),
@@ -453,6 +454,7 @@ STEP_KERNELS = {
     "CSGLD": lambda: CSGLD(plain, step_size=1e-4),
     "SGHMC, tuned, dense mass": lambda: SGHMC(plain, dense_mass=True),
     "SGHMC, rejected steps": lambda: SGHMC(plain, step_size=30.0),
+    "SGNHT, matrix thermostat": lambda: SGNHT(plain, step_size=1e-4, thermostat="matrix"),
 }
 
 

@@ -110,6 +110,7 @@ CASES = {
     "sgnht-euler": ("SGNHT", dict(step_size=0.1, diffusion=1.0, integrator="euler")),
     "sgnht-scalar-splitting": ("SGNHT", dict(step_size=polynomial(0.2, 1.0, 0.3), diffusion=0.5, thermostat="scalar")),
     "sgnht-scalar-euler": ("SGNHT", dict(step_size=0.1, diffusion=0.5, thermostat="scalar", integrator="euler")),
+    "sgnht-matrix-splitting": ("SGNHT", dict(step_size=0.1, diffusion=0.5, thermostat="matrix")),
     "psgld": ("PSGLD", dict(step_size=0.01, alpha=0.9, eps=1e-3)),
 }
 NUM_DRAWS = 25

@@ -11,6 +11,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.linalg
 import torch
 
 from ppl_sgmcmc.algorithms import call_kwargs
@@ -78,25 +79,35 @@ def ref_sghmc_splitting(x, p, zeta, h, A, tau=1.0):
     return x, p
 
 
-def _kinetic(p, multivariate):
-    return p * p if multivariate else np.mean(p * p)
+def _excess(p, thermostat, tau):
+    if thermostat == "matrix":
+        return np.outer(p, p) - tau * np.eye(p.size)
+    return (p * p if thermostat == "multivariate" else np.mean(p * p)) - tau
 
 
-def ref_sgnht_euler(x, p, xi, zeta, h, D, multivariate=True, tau=1.0):
+def _friction(xi, p):
+    return xi @ p if np.ndim(xi) == 2 else xi * p
+
+
+def _damp(xi, p, t):
+    return scipy.linalg.expm(-xi * t) @ p if np.ndim(xi) == 2 else np.exp(-xi * t) * p
+
+
+def ref_sgnht_euler(x, p, xi, zeta, h, D, thermostat="multivariate", tau=1.0):
     x_new = x + h * p
-    p_new = p - h * gradient_np(x_new) - h * xi * p + math.sqrt(2 * D * h * tau) * zeta
-    xi_new = xi + h * (_kinetic(p_new, multivariate) - tau)
+    p_new = p - h * gradient_np(x_new) - h * _friction(xi, p) + math.sqrt(2 * D * h * tau) * zeta
+    xi_new = xi + h * _excess(p_new, thermostat, tau)
     return x_new, p_new, xi_new
 
 
-def ref_sgnht_splitting(x, p, xi, zeta, h, D, multivariate=True, tau=1.0):
+def ref_sgnht_splitting(x, p, xi, zeta, h, D, thermostat="multivariate", tau=1.0):
     x = x + h / 2 * p
-    xi = xi + h / 2 * (_kinetic(p, multivariate) - tau)
-    p = np.exp(-xi * h / 2) * p
+    xi = xi + h / 2 * _excess(p, thermostat, tau)
+    p = _damp(xi, p, h / 2)
     p = p - h * gradient_np(x) + math.sqrt(2 * D * h * tau) * zeta
-    p = np.exp(-xi * h / 2) * p
+    p = _damp(xi, p, h / 2)
     x = x + h / 2 * p
-    xi = xi + h / 2 * (_kinetic(p, multivariate) - tau)
+    xi = xi + h / 2 * _excess(p, thermostat, tau)
     return x, p, xi
 
 
@@ -146,16 +157,16 @@ def test_sghmc_literal_steps():
 
 
 def test_sgnht_literal_steps():
-    # θ=1, p=2, ξ=D=1.5, ∇Ũ=2θ, h=0.1, ζ=0, τ=1, d=1 (scalar and multivariate coincide)
+    # θ=1, p=2, ξ=D=1.5, ∇Ũ=2θ, h=0.1, ζ=0, τ=1, d=1 (the three thermostats coincide)
     grad_fn = lambda x: StochasticGradient(x * x, 2 * x, -2 * x)  # noqa: E731
-    for multivariate in (True, False):
-        state = sgnht.init(jnp.array([1.0]), jnp.array([2.0]), diffusion=1.5, multivariate=multivariate)
+    for thermostat in ("multivariate", "scalar", "matrix"):
+        state = sgnht.init(jnp.array([1.0]), jnp.array([2.0]), diffusion=1.5, thermostat=thermostat)
         close(state.momentum, [2.0])
-        close(state.thermostat, 1.5 if not multivariate else [1.5])
+        close(state.thermostat, {"scalar": 1.5, "multivariate": [1.5], "matrix": [[1.5]]}[thermostat])
         # Euler: θ' = 1.2; p' = 2 - 0.1·2.4 - 0.1·1.5·2 = 1.46; ξ' = 1.5 + 0.1·(1.46² - 1) = 1.61316
         x, new, _ = sgnht.step(
             jnp.array([1.0]), state, grad_fn, jnp.array([0.0]), 0.1, diffusion=1.5,
-            multivariate=multivariate, integrator="euler",
+            thermostat=thermostat, integrator="euler",
         )  # fmt: skip
         close(x, [1.2])
         close(new.momentum, [1.46])
@@ -165,7 +176,7 @@ def test_sgnht_literal_steps():
         e = math.exp(-0.0825)
         p = e * (e * 2 - 0.22)
         x, new, _ = sgnht.step(
-            jnp.array([1.0]), state, grad_fn, jnp.array([0.0]), 0.1, diffusion=1.5, multivariate=multivariate
+            jnp.array([1.0]), state, grad_fn, jnp.array([0.0]), 0.1, diffusion=1.5, thermostat=thermostat
         )
         close(new.momentum, [p])
         close(x, [1.1 + 0.05 * p])
@@ -209,16 +220,18 @@ def test_sghmc_step(integrator, temperature):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("multivariate", [True, False], ids=["multivariate", "scalar"])
+@pytest.mark.parametrize("thermostat", sgnht.THERMOSTATS)
 @pytest.mark.parametrize("integrator", ["euler", "splitting"])
-def test_sgnht_step(integrator, multivariate, temperature):
+def test_sgnht_step(integrator, thermostat, temperature):
     ref = {"euler": ref_sgnht_euler, "splitting": ref_sgnht_splitting}[integrator]
-    xi0 = np.array([0.9, 1.3, 0.6]) if multivariate else np.float64(1.1)
+    # a matrix thermostat with off-diagonal terms, symmetric and positive definite
+    xi0 = {"multivariate": np.array([0.9, 1.3, 0.6]), "scalar": np.float64(1.1),
+           "matrix": np.array([[0.9, 0.3, -0.2], [0.3, 1.3, 0.4], [-0.2, 0.4, 0.6]])}[thermostat]  # fmt: skip
     x, state, _ = sgnht.step(
         *f32(X0), sgnht.SGNHTState(*f32(P0, xi0)), make_grad_fn(jnp.zeros(3)), *f32(ZETA), 0.1,
-        diffusion=0.8, multivariate=multivariate, integrator=integrator, temperature=temperature,
+        diffusion=0.8, thermostat=thermostat, integrator=integrator, temperature=temperature,
     )  # fmt: skip
-    x_ref, p_ref, xi_ref = ref(X0, P0, xi0, ZETA, 0.1, 0.8, multivariate, temperature)
+    x_ref, p_ref, xi_ref = ref(X0, P0, xi0, ZETA, 0.1, 0.8, thermostat, temperature)
     close(x, x_ref)
     close(state.momentum, p_ref)
     close(state.thermostat, xi_ref)
@@ -248,9 +261,10 @@ def test_initial_states():
     close(state.momentum, 0.5 * P0)
     close(state.thermostat, [0.75] * 3)
     assert state.thermostat.dtype == jnp.float32
-    state = sgnht.init(x, z, diffusion=0.75, multivariate=False)
+    state = sgnht.init(x, z, diffusion=0.75, thermostat="scalar")
     assert state.thermostat.shape == ()
     close(state.thermostat, 0.75)
+    close(sgnht.init(x, z, diffusion=0.75, thermostat="matrix").thermostat, 0.75 * np.eye(3))
     close(psgld.init(x, z).square_avg, np.zeros(3))
 
 
@@ -314,8 +328,10 @@ TRAJECTORY_CASES = {
     "sghmc-splitting": (sghmc, dict(friction=1.5, integrator="splitting", temperature=2.0), 0.1),
     "sgnht-euler": (sgnht, dict(diffusion=1.0, integrator="euler"), 0.1),
     "sgnht-splitting": (sgnht, dict(diffusion=1.0, integrator="splitting"), 0.1),
-    "sgnht-scalar-euler": (sgnht, dict(diffusion=0.5, multivariate=False, integrator="euler"), 0.1),
-    "sgnht-scalar-splitting": (sgnht, dict(diffusion=0.5, multivariate=False, temperature=0.5), 0.1),
+    "sgnht-scalar-euler": (sgnht, dict(diffusion=0.5, thermostat="scalar", integrator="euler"), 0.1),
+    "sgnht-scalar-splitting": (sgnht, dict(diffusion=0.5, thermostat="scalar", temperature=0.5), 0.1),
+    "sgnht-matrix-euler": (sgnht, dict(diffusion=0.5, thermostat="matrix", integrator="euler"), 0.1),
+    "sgnht-matrix-splitting": (sgnht, dict(diffusion=0.5, thermostat="matrix", temperature=0.5), 0.1),
     "psgld": (psgld, dict(alpha=0.9, eps=1e-3), 0.01),
 }
 
@@ -379,13 +395,13 @@ def test_trajectory_matches_reference(case):
             close(row[0], x, rtol=1e-4, atol=1e-5)
             close(row[2], p, rtol=1e-4, atol=1e-5)
     else:
-        multivariate = hyper.get("multivariate", True)
+        thermostat = hyper.get("thermostat", "multivariate")
         ref = {"euler": ref_sgnht_euler, "splitting": ref_sgnht_splitting}[hyper.get("integrator", "splitting")]
         p = np.sqrt(tau) * noises[0]
         D = hyper["diffusion"]
-        xi = np.full(3, D) if multivariate else np.float64(D)
+        xi = {"multivariate": np.full(3, D), "scalar": np.float64(D), "matrix": D * np.eye(3)}[thermostat]
         for zeta, row in zip(noises[1:], traj):
-            x, p, xi = ref(x, p, xi, zeta, step_size, D, multivariate, tau)
+            x, p, xi = ref(x, p, xi, zeta, step_size, D, thermostat, tau)
             close(row[0], x, rtol=1e-4, atol=1e-5)
             close(row[2], p, rtol=1e-4, atol=1e-5)
             close(row[3], xi, rtol=1e-4, atol=1e-5)
