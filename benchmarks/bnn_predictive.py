@@ -7,7 +7,8 @@ posterior is a sea of symmetric modes) but the predictive distribution, against 
 ``ppl_sgmcmc.numpyro`` (SGLD, SGHMC, SGNHT, PSGLD, SGFS, CSGLD) runs as ``Kernel(model, steps_per_sample=thin)``
 with its defaults (no step size: the warm-up finds a mode, builds a dense Laplace preconditioner and tunes the step
 from the measured gradient noise), then with ``gradient="svrg"`` (where the kernel accepts it; a refusal is
-recorded), then SGNHT and SGHMC with SVRG at four times the kept steps. 4 chains, ``chain_method="vectorized"``,
+recorded), then SGNHT and SGHMC with SVRG at four times the kept steps and at four times the warm-up's too, and SGNHT
+with its matrix thermostat (``thermostat="matrix"``), alone and with SVRG (:data:`ROWS`). 4 chains, ``chain_method="vectorized"``,
 minibatches of 100 drawn with replacement, seed 0, one run per row (``benchmarks.hands_off.run_cell``: the wall
 clock includes compilation, mode finding and warm-up; its warnings are collected). CSGLD's draws are
 importance-resampled by their weights first.
@@ -95,11 +96,15 @@ from ppl_sgmcmc import diagnostics  # noqa: E402
 
 RESULTS = h.RESULTS
 KERNELS = h.KERNELS
-#: The rows of each table: label -> ``(kernel options, kept-steps factor, kernels)``; ``None``: every kernel.
-ROWS: dict[str, tuple[dict[str, Any], int, tuple[str, ...] | None]] = {
-    "default": ({}, 1, None),
-    "svrg": ({"gradient": "svrg"}, 1, None),
-    "svrg 4x": ({"gradient": "svrg"}, 4, ("SGHMC", "SGNHT")),
+#: The rows of each table: label -> ``(kernel options, (warm-up factor, kept-steps factor), kernels)``; ``None``:
+#: every kernel.
+ROWS: dict[str, tuple[dict[str, Any], tuple[int, int], tuple[str, ...] | None]] = {
+    "default": ({}, (1, 1), None),
+    "svrg": ({"gradient": "svrg"}, (1, 1), None),
+    "svrg 4x": ({"gradient": "svrg"}, (1, 4), ("SGHMC", "SGNHT")),
+    "svrg 4x, 4x warm-up": ({"gradient": "svrg"}, (4, 4), ("SGHMC", "SGNHT")),
+    "matrix thermostat": ({"thermostat": "matrix"}, (1, 1), ("SGNHT",)),
+    "matrix thermostat, svrg": ({"thermostat": "matrix", "gradient": "svrg"}, (1, 1), ("SGNHT",)),
 }  # fmt: skip
 MLP_NOISE = 0.3
 QUANTILE_LEVELS = (np.arange(1000) + 0.5) / 1000
@@ -260,17 +265,18 @@ def self_check(pred: Predictive) -> dict[str, Any]:
 
 
 def run_row(
-    kernel: str, pred: Predictive, options: dict[str, Any], factor: int, scale: dict[str, Any]
+    kernel: str, pred: Predictive, options: dict[str, Any], factor: tuple[int, int], scale: dict[str, Any]
 ) -> dict[str, Any]:
     """One run: hands_off's cell (wall clock, step sizes, warnings, ...), its predictive metrics against HMC and
-    whether it passes (``scale``: HMC against itself)."""
-    target = dataclasses.replace(pred.target, samples=pred.target.samples * factor)
+    whether it passes (``scale``: HMC against itself; ``factor``: the warm-up's and the kept steps' multiples)."""
+    target = dataclasses.replace(pred.target, warmup=pred.target.warmup * factor[0],
+                                 samples=pred.target.samples * factor[1])  # fmt: skip
     try:
         cell, run = h.run_cell(kernel, target, options)
     except (TypeError, ValueError) as err:  # an option the kernel does not take
         return {"refused": f"{type(err).__name__}: {str(err).splitlines()[0]}", "options": options}
     cell["options"] = options
-    cell["kept_steps"] = target.samples
+    cell["warmup_steps"], cell["kept_steps"] = target.warmup, target.samples
     cell["warnings"] = [w[:WARNING_CHARS] for w in cell.get("warnings", [])]
     if run is None or cell.get("nonfinite"):
         return cell
@@ -340,7 +346,8 @@ def print_table(name: str, entry: dict[str, Any]) -> None:
     """A target's Markdown table from its results ``entry``."""
     run, kind, ref = entry["settings"], entry["kind"], entry["reference"]
     print(f"\n### {name}: {run['chains']} chains × ({run['warmup_steps']:,} warm-up + {run['sample_steps']:,}) "
-          f"steps, thinned by {run['thin']} (\"svrg 4x\": 4 × the kept steps). {run['note']}\n")  # fmt: skip
+          f"steps, thinned by {run['thin']} (\"4x\": 4 × the kept steps; \"4x warm-up\": 4 × the warm-up's). "
+          f"{run['note']}\n")  # fmt: skip
     if kind == "regression":
         print("| kernel | row | W2 inside | W2 outside | mean err / HMC sd: median / max | sd ratio: median (min-max) "
               "| wall (s) | step size(s) | pass | warnings | verdict on the predictions |")  # fmt: skip
