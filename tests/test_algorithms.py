@@ -200,6 +200,23 @@ def test_a_preconditioned_step_moves_the_position_by_its_increment(backend):
     np.testing.assert_allclose(last, [1.0, -1.0], atol=1e-4)
 
 
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+@pytest.mark.parametrize("thermostat", ["multivariate", "scalar", "matrix"])
+def test_sgnht_restarts_its_thermostat_at_the_diffusion(backend, thermostat):
+    """A chain restarted in the warm-up (a run-off) gets a fresh momentum ``sqrt(τ) ζ`` and its thermostat back at its
+    start, ``D`` (``D I`` for the matrix thermostat, not a matrix of ``D``s), whatever it had become."""
+    kernel = backend.SGNHT(potential_fn=lambda z: 0.0, step_size=0.1, diffusion=1.5, thermostat=thermostat,
+                           temperature=4.0)  # fmt: skip
+    to_array = jnp.asarray if backend is np_backend else torch.as_tensor
+    u, noise = to_array(np.zeros(3, np.float32)), to_array(np.array([0.5, -1.0, 2.0], np.float32))
+    heated = {"multivariate": np.full(3, 9.0), "scalar": np.float64(9.0), "matrix": np.full((3, 3), 9.0)}[thermostat]
+    state = kernel.rule.SGNHTState(to_array(np.full(3, 30.0, np.float32)), to_array(heated.astype(np.float32)))
+    restarted = kernel._restart_rule_state(state, u, noise, 0)
+    np.testing.assert_allclose(np.asarray(restarted.momentum), [1.0, -2.0, 4.0])
+    expected = {"multivariate": np.full(3, 1.5), "scalar": 1.5, "matrix": 1.5 * np.eye(3)}[thermostat]
+    np.testing.assert_allclose(np.asarray(restarted.thermostat), expected)
+
+
 # --- the warm-up's run-offs ------------------------------------------------------------------------------------
 def test_a_run_off_caps_the_later_step_sizes_and_drops_its_noise():
     """A chain that runs off during the warm-up (``adaptation.ran_off``) restarts with its step size divided by
