@@ -128,18 +128,16 @@ SGFS_CASES = {
     "full-inf-identity": dict(step_size=math.inf, B="identity", ridge=1e-2),
     "diagonal-vector-B": dict(step_size=2.0, fisher="diagonal", B=np.array([1.0, 2.0, 0.5])),
 }
-COMPILED_SGFS_CASE = "full-alpha"
 
 
 @pytest.mark.parametrize("case", list(SGFS_CASES))
 def test_sgfs_same_minibatches_and_noise_same_trajectory(case):
-    """The Pyro SGFS kernel's draws, rule state and energies are NumPyro's, step by step. One case runs the Pyro
-    kernel compiled (the per-datum score graph, then after the warm-up the whole step: ``test_compile.py`` checks
-    both against the eager kernel), the others eagerly: the three differ in the rule's arithmetic (full or diagonal
-    Fisher, ``α`` or an infinite step, ``B``), which is what the comparison with NumPyro checks, not in what is
-    compiled around it; an Inductor compile of each step would cost seconds."""
+    """The Pyro SGFS kernel's draws, rule state and energies are NumPyro's, step by step. The Pyro kernel runs
+    eagerly: ``test_compile.py`` checks its compiled per-datum score graph and its compiled step against the eager
+    kernel (its ``SGFS`` rows), so the compiled kernel follows NumPyro's too; the three cases differ in the rule's
+    arithmetic (full or diagonal Fisher, ``α`` or an infinite step, ``B``), which is what the comparison with NumPyro
+    checks, not in what is compiled around it (an Inductor compile of the two graphs costs about 20 s here)."""
     hyper = SGFS_CASES[case]
-    compiled = case == COMPILED_SGFS_CASE
     rng = np.random.default_rng(0)
     X = rng.normal(size=(N_SGFS, 2)).astype(np.float32)
     y = (X @ np.array([1.0, -0.5]) + 0.5 * rng.normal(size=N_SGFS)).astype(np.float32)
@@ -153,16 +151,13 @@ def test_sgfs_same_minibatches_and_noise_same_trajectory(case):
     np_states = jitted_numpyro_steps(np_kernel, state, (jnp.asarray(X), jnp.asarray(y)), noises[1:], indices)
 
     queue, batches = iter(noises), iter(indices)
-    kernel = SGFS(pyro_logistic, compile_potential=compiled, **hyper)
+    kernel = SGFS(pyro_logistic, compile_potential=False, **hyper)
     kernel.initial_params = {k: torch.as_tensor(v) for k, v in init.items()}
     kernel.setup(5, torch.from_numpy(X), torch.from_numpy(y))
     kernel._normal = lambda like, shape=None, generator=None: torch.from_numpy(next(queue))
     kernel._target.draw = lambda generator, bs: ({"data": torch.from_numpy(next(batches))}, bs)
     params = _compare(case, kernel, np_states, kernel.initial_params, rtol=1e-4, atol=1e-5)
     assert abs(float(params["w"][0]) - 0.9) > 1e-3  # the chain moved
-    if compiled:  # traced, not eager
-        assert kernel._target._compiled[("gradient", "per_example")] is not None
-        assert [key for key in kernel._graphs if key[0] == "step"] == [("step", "per_example")]
 
 
 def two_site_model(X, y, c):
