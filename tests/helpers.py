@@ -322,3 +322,16 @@ def assert_linear_network_posterior(samples, X, y, noise, prior):
     sd, sd_mcse = sd_and_mcse(draws)
     assert_mc_close("mean", mean, mu, mean_mcse)
     assert_mc_close("sd", sd, np.sqrt(np.diag(cov)), sd_mcse)
+
+
+def walled(backend):
+    """``U = x²/2`` inside ``|x| < 1.5`` and a steep quartic wall outside (curvature ~1e4 beyond), as ``potential_fn``
+    of ``backend`` (``ppl_sgmcmc.numpyro`` or ``ppl_sgmcmc.pyro``): the start's step size (the cap), stable at the start
+    (curvature 1), makes a chain that reaches the wall (within the first re-tuning period) run off."""
+    if backend.__name__ == "ppl_sgmcmc.numpyro":
+        import jax.numpy as jnp
+
+        return lambda z: jnp.sum(0.5 * z["x"] ** 2 + 50 * jnp.maximum(jnp.abs(z["x"]) - 1.5, 0.0) ** 4)
+    import torch
+
+    return lambda z: (0.5 * z["x"] ** 2 + 50 * torch.clamp(z["x"].abs() - 1.5, min=0.0) ** 4).sum()

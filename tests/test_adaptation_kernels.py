@@ -16,7 +16,7 @@ from numpyro.infer import MCMC
 from ppl_sgmcmc import adaptation, algorithms
 from ppl_sgmcmc import numpyro as np_backend
 from ppl_sgmcmc import pyro as pyro_backend
-from tests.helpers import K_SIGMA, conjugate_posterior, linear_regression_data, sd_and_mcse
+from tests.helpers import K_SIGMA, conjugate_posterior, linear_regression_data, sd_and_mcse, walled
 
 N, D, BATCH, NOISE, PRIOR = 2000, 4, 50, 1.0, 1.0
 X, Y, _ = linear_regression_data(N, D, NOISE, seed=11)
@@ -345,14 +345,6 @@ def test_bad_adaptation_options(backend):
         else:
             kernel.initial_params = {"x": torch.zeros(2)}
             kernel.setup(minimum - 1)
-
-
-def walled(backend):
-    """``U = x²/2`` inside ``|x| < 1.5`` and a steep quartic wall outside: the start's step size (the cap), stable at
-    the start (curvature 1), makes a chain that reaches the wall (within the first re-tuning period) run off."""
-    if backend is np_backend:
-        return lambda z: jnp.sum(0.5 * z["x"] ** 2 + 50 * jnp.maximum(jnp.abs(z["x"]) - 1.5, 0.0) ** 4)
-    return lambda z: (0.5 * z["x"] ** 2 + 50 * torch.clamp(z["x"].abs() - 1.5, min=0.0) ** 4).sum()
 
 
 @pytest.mark.parametrize("backend", [np_backend, pyro_backend])

@@ -23,7 +23,7 @@ from ppl_sgmcmc import _checks, algorithms
 from ppl_sgmcmc import numpyro as np_backend
 from ppl_sgmcmc import pyro as pyro_backend
 from ppl_sgmcmc.algorithms import call_kwargs
-from tests.helpers import K_SIGMA, mean_and_mcse
+from tests.helpers import K_SIGMA, mean_and_mcse, walled
 
 # --- the developer guide's worked example ------------------------------------------------------------
 
@@ -228,10 +228,7 @@ def test_a_run_off_caps_the_later_step_sizes_and_drops_its_noise():
     SVRG's tiny noise sent SGHMC to the cap at each window, and the noise of each run-off collapsed its next step to
     1e-6)."""
 
-    def walled(z):
-        return jnp.sum(0.5 * z["x"] ** 2 + 50 * jnp.maximum(jnp.abs(z["x"]) - 1.5, 0.0) ** 4)
-
-    kernel = np_backend.SGLD(potential_fn=walled, find_mode=False)
+    kernel = np_backend.SGLD(potential_fn=walled(np_backend), find_mode=False)
     mcmc = MCMC(kernel, num_warmup=3000, num_samples=10, progress_bar=False)
     fields = ("adapt_state.step_size", "adapt_state.restarts", "adapt_state.noise_count")
     mcmc.warmup(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(4)}, collect_warmup=True, extra_fields=fields)
