@@ -116,7 +116,7 @@ def euler(position, momentum, grad_fn, noise, step_size, friction, diffusion, te
     momentum = (
         momentum
         - step_size * gradient.grad
-        - step_size * times(friction, momentum)
+        - times(step_size * friction, momentum)
         + (2 * diffusion * step_size * temperature) ** 0.5 * noise
     )
     return position, momentum, gradient
