@@ -333,17 +333,16 @@ def when(pred: jax.Array, fn: Callable[[Any, Any], Any], operand: Any, args: Any
     def branch_batched(
         axis_size: int, in_batched: Sequence[Any], pred: jax.Array, operand: Any, args: Any
     ) -> tuple[Any, Any]:
-        def batched(tree: Any, flags: Any) -> Any:
-            return jax.tree.map(
-                lambda x, b: x if b else jnp.broadcast_to(x, (axis_size,) + jnp.shape(x)), tree, flags
-            )
-
         pred_batched, operand_batched, args_batched = in_batched
         pred = pred if pred_batched else jnp.broadcast_to(pred, (axis_size,))
-        operand, args = batched(operand, operand_batched), batched(args, args_batched)
+        # the operand is returned batched; the arguments' unbatched leaves (a model's data) stay unbatched: a
+        # broadcast copy of them, made at every call whatever the branch, would cost more than the branch
+        operand = jax.tree.map(
+            lambda x, b: x if b else jnp.broadcast_to(x, (axis_size,) + jnp.shape(x)), operand, operand_batched
+        )
 
         def some():
-            new = vmap(fn)(operand, args)
+            new = vmap(fn, in_axes=(0, jax.tree.map(lambda b: 0 if b else None, args_batched)))(operand, args)
             return jax.tree.map(
                 lambda a, b: jnp.where(jnp.reshape(pred, (axis_size,) + (1,) * (jnp.ndim(a) - 1)), a, b), new, operand
             )
