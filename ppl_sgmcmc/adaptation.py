@@ -761,12 +761,20 @@ def align_noise(pre: Preconditioner, gradients: Array) -> Preconditioner:
 
 
 # --- the step size -----------------------------------------------------------------------------------------
-def tuned_step_size(noise_variance: Array, target: Any, temperature: Any, max_step_size: Any) -> Array:
+def tuned_step_size(noise_variance: Array, target: Any, temperature: Any, max_step_size: Any,
+                    noise_growth: Any = 0.0) -> Array:  # fmt: skip
     """The step size whose noise ratio (:func:`ppl_sgmcmc.noise.ratio`) is ``target``, capped at
     ``max_step_size``: ``h = min(2 τ target / max_k v_k, h_max)`` for the measured ``v = c ⊙ diag V``
     (``h_max`` where no noise was measured).
 
-    **Example** (``max v = 400``: ``h = 2 · 0.1 / 400``; without noise, the cap)::
+    With ``noise_growth = q > 0``, the noise is that of an estimator whose variance grows with the step size as
+    ``V ∝ h^q`` (SVRG's: the variance of the difference of two minibatch gradients, at the chain and at a centre it
+    leaves at a speed set by ``h``), given per ``h^q`` (``v = c ⊙ diag V / h^q``): its noise ratio is
+    ``h^(1+q) max_k v_k / (2τ)``, and ``h = min((2 τ target / max_k v_k)^(1/(1+q)), h_max)``. Solving with ``q = 0``
+    instead would overshoot and undershoot in turn from one re-tuning to the next (for ``q = 1``, ``h' = 2τ
+    target / (h v)``: a cycle of two values that never meets the target).
+
+    **Example** (``max v = 400``: ``h = 2 · 0.1 / 400``; without noise, the cap; with ``q = 2``, the cube root)::
 
         >>> import jax.numpy as jnp
         >>> from ppl_sgmcmc.adaptation import tuned_step_size
@@ -774,10 +782,14 @@ def tuned_step_size(noise_variance: Array, target: Any, temperature: Any, max_st
         0.0005
         >>> round(float(tuned_step_size(jnp.zeros(2), 0.1, 1.0, 0.2)), 6)
         0.2
+        >>> round(float(tuned_step_size(jnp.array([100.0, 400.0]), 0.1, 1.0, 0.2, noise_growth=2.0)), 6)
+        0.07937
     """
     xp = array_namespace(noise_variance)
     largest = xp.max(noise_variance)
     h = 2 * temperature * target / xp.where(largest > 0, largest, xp.ones_like(largest))
+    if noise_growth:
+        h = h ** (1 / (1 + noise_growth))
     return xp.where((largest > 0) & (h < max_step_size), h, xp.full_like(largest, max_step_size))
 
 
@@ -997,6 +1009,7 @@ def adapt_step(
     gradient: Array | None = None,
     branch: Any = None,
     widen: bool = True,
+    noise_growth: float = 0.0,
 ) -> tuple[AdaptState, Array]:
     """Feed the warm-up step ``step_index`` (0-based) to the adaptation: the position ``u`` it reached (in
     the current coordinates) and its noise term (:func:`ppl_sgmcmc.noise.update`).
@@ -1051,6 +1064,10 @@ def adapt_step(
     :param widen: whether a window may widen a coordinate (default ``True``); ``False``: only the coordinates whose
         spread is below their scale are judged and rescaled (for a chain that jumps between modes, such as replica
         exchange's cold chain, whose spread over the modes is no local scale, while a narrower spread still is).
+    :param noise_growth: ``q`` where the gradient estimator's noise grows with the step size as ``V ∝ h^q``
+        (default 0: the noise is set by where the chain is); the periods' noise is compared per ``h^q`` (the noise
+        of each period divided by the ``h^q`` it ran with) and the step size tuned with :func:`tuned_step_size`'s
+        ``noise_growth``.
     :return: ``(new state, factor)``: ``factor`` is the rescaling of ``u``'s coordinates this step applied
         (ones unless a window closed with ``adapt_mass``); a kernel re-expresses what it keeps in ``u``
         (the noise estimate, a momentum) when it is not all ones.
@@ -1132,13 +1149,14 @@ def adapt_step(
     # the noise of this period; the step size follows the noisiest period since the slow window began, since
     # the noise may change with where the chain is (as in a neural network's posterior)
     measured_any = closes & (noise_count > 0) & ~replaced  # the noise of replaced coordinates is measured anew
-    period = xp.max(measured)
+    period = xp.max(measured) / state.step_size**noise_growth if noise_growth else xp.max(measured)
     noise_peak = xp.where(measured_any, xp.where(closes_slow, period, xp.maximum(state.noise_peak * xp.max(factor) ** 2,
                                                                                   period)), state.noise_peak)
     noise_peak = xp.where(replaced, xp.zeros_like(noise_peak), noise_peak)
     step_size = state.step_size
     if tune_step_size:
-        tuned = tuned_step_size(xp.reshape(noise_peak, (1,)), target, temperature, max_step_size / curvature)
+        tuned = tuned_step_size(xp.reshape(noise_peak, (1,)), target, temperature, max_step_size / curvature,
+                                noise_growth)  # fmt: skip
         step_size = xp.where(measured_any, xp.minimum(tuned, RETUNE_GROWTH * step_size), step_size)
     noise_sum = xp.where(closes, xp.zeros_like(noise_sum), noise_sum)
     noise_count = xp.where(closes, xp.zeros_like(noise_count), noise_count)

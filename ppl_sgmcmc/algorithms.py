@@ -1070,7 +1070,7 @@ class Algorithm(Generic[RuleStateT]):
             adapt_state, u, position, energy, term, valid & ~off, i, ends, adapt_mass=self._adapt_mass and self.rescales_mass,
             tune_step_size=self._tune, target=self._target_noise_ratio, temperature=self.temperature_at(i),
             max_step_size=cap, gradient=noise_state.previous, branch=self._branch,
-            widen=self.widens_mass,
+            widen=self.widens_mass, noise_growth=self._noise_growth(),
         )  # fmt: skip
         if old_scale.ndim == 3:  # a low-rank preconditioner replaced: the rule restarts in the new coordinates
             replaced = xp.any(adapt_state.preconditioner.scale != old_scale)
@@ -1143,6 +1143,14 @@ class Algorithm(Generic[RuleStateT]):
                 f"model has {dim} unconstrained latent coordinates: give a flat array of {dim} (the latents in "
                 "sorted site order, unconstrained, as jax.flatten_util.ravel_pytree lays them out)."
             )
+
+    def _noise_growth(self) -> float:
+        """``q`` where the gradient estimator's noise grows with the step size as ``h^q``
+        (:func:`~ppl_sgmcmc.adaptation.tuned_step_size`): 2 for an estimator whose centre moves with the chain (SVRG:
+        the variance of the difference of the minibatch gradients at the chain and at the centre grows with the
+        squared distance the chain travels in an epoch, ``∝ h²`` for a momentum rule and ``∝ h`` for Langevin
+        dynamics; with ``q = 2`` the re-tunings converge for both), else 0."""
+        return 2.0 if self._estimator.refresh_every is not None else 0.0
 
     def _epoch_length(self, target: Target) -> int | None:
         """Steps between the centres of a refreshing gradient estimator (SVRG): its ``refresh_every``, or one
