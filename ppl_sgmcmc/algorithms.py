@@ -639,8 +639,8 @@ class Algorithm(Generic[RuleStateT]):
     def _same_step_after_warmup(self) -> bool:
         """Whether every step after the warm-up applies one function to the chain's arrays, which a backend may
         then compile once: a fixed step size (given or tuned), no schedule of a hyper-parameter, a temperature
-        that does not change along the chain (Santa's anneals), a rule that does not read the step index, and
-        the plain minibatch estimator (the variance-reduced ones keep a centre that a backend may move).
+        that does not change along the chain (Santa's anneals), and a rule that does not read the step index (a
+        variance-reduced gradient estimator's centre is an input of that function, moved between steps).
 
         **Example**::
 
@@ -658,7 +658,6 @@ class Algorithm(Generic[RuleStateT]):
             or any(callable(hyper.get(key)) for key in self.schedulable)
             or type(self).temperature_at is not Algorithm.temperature_at
             or "step_index" in call_kwargs(self.rule.step, {"step_index": None})
-            or self._estimator.name != "minibatch"
             or self._cycles is not None
         )
 

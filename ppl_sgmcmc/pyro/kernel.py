@@ -160,11 +160,13 @@ class _CompiledStep:
     draws come from the chain's generators outside the graph, so the chain draws what the eager step draws.
 
     ``graph(flat, noise, step size, finite flat, Ũ, refresh, *rule state, *adapt state, *noise state, *gradient
-    inputs)`` returns ``(new flat, new finite flat, Ũ_t, rejected, *new noise state, noise ratio, noise variance,
-    *new rule state)`` (the ratio and variance of the kept estimate, which a draw records; ``rejected`` a boolean
-    tensor); ``at_start``: whether the rule took its gradient at the chain's position (a rejected step then returns
-    to the last accepted step's start, the finite flat). The tensors of the rule state it returned and of the
-    adaptation's state are kept, so that the next step does not take the trees apart again, and so is the step
+    estimator's state, *gradient inputs)`` (the estimator's state: a variance-reduced estimator's centre, which the
+    eager step moves every epoch; none for minibatch gradients) returns ``(new flat, new finite flat, Ũ_t, rejected,
+    *new noise state, noise ratio, noise variance, *new rule state)`` (the ratio and variance of the kept estimate,
+    which a draw records; ``rejected`` a boolean tensor); ``at_start``: whether the rule took its gradient at the
+    chain's position (a rejected step then returns to the last accepted step's start, the finite flat). The tensors of
+    the rule state it returned and of the adaptation's state are kept, so that the next step does not take the trees
+    apart again, and so is the step
     size's tensor."""
 
     def __init__(self, graph: compile_.CompiledFunction, at_start: bool, rebuild_rule: Any) -> None:
@@ -178,7 +180,7 @@ class _CompiledStep:
         return kept[1] if tree is kept[0] else _tensor_leaves(tree)[0]
 
     def __call__(self, flat, noise_draw, step_size, finite_flat, energy, refresh, rule_state, adapt_state, noise_state,
-                 gradient_inputs):  # fmt: skip
+                 gradient_state, gradient_inputs):  # fmt: skip
         """``(new flat, new finite flat, new rule state, Ũ_t, rejected (a boolean tensor), new noise state, its
         (noise ratio, noise variance))``."""
         rule, adapt = self._tensors(rule_state, self._rule), self._tensors(adapt_state, self._adapt)
@@ -186,7 +188,7 @@ class _CompiledStep:
             self._step_size = (step_size, torch.as_tensor(step_size, dtype=flat.dtype, device=flat.device))
         new_flat, new_finite, energy, rejected, *rest = self.graph(
             flat, noise_draw, self._step_size[1], finite_flat, energy, refresh, *rule, *adapt, *noise_state,
-            *gradient_inputs,
+            *_tensor_leaves(gradient_state)[0], *gradient_inputs,
         )  # fmt: skip
         new_rule = self.rebuild_rule(rest[5:])
         self._rule, self._adapt = (new_rule, rest[5:]), (adapt_state, adapt)
@@ -653,7 +655,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             step_size = float(self.step_size_in(state.adapt_state, state.i))
         noise_draw = self._normal(flat, self.noise_shape(flat.shape[0]), self._step_generator)
         finite, at_start, gradient = False, False, None
-        compiled = self._compiled_step(state, flat, batch, step_size, noise_draw) if step_size > 0 else None
+        compiled = self._compiled_step(state, flat, batch, step_size, noise_draw, gradient_state) if step_size > 0 else None
         if compiled is not None:
             return self._take_compiled_step(compiled, batch, batch_state, gradient_state, step_size, noise_draw)
         if step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
@@ -704,7 +706,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         gradient_inputs = self._target.traced_gradient(flat, batch, self._score_kind)[1]
         self._flat, finite_flat, rule_state, energy, rejected, noise_state, self._summary = compiled(
             flat, noise_draw, step_size, self._finite_flat, energy, refresh, state.rule_state, state.adapt_state,
-            state.noise, gradient_inputs,
+            state.noise, gradient_state, gradient_inputs,
         )  # fmt: skip
         if compiled.at_start:
             self._finite_flat = finite_flat
@@ -743,7 +745,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             state.noise_variance,
         )
 
-    def _compiled_step(self, state, flat, batch, step_size, noise_draw):
+    def _compiled_step(self, state, flat, batch, step_size, noise_draw, gradient_state):
         """The step as one compiled graph (:class:`_CompiledStep`), or ``None``: the step runs eagerly. Compiled
         once (the step size is an input), with ``compile_potential``, once the step is the same at every step
         (:meth:`~ppl_sgmcmc.algorithms.Algorithm._same_step_after_warmup`, and past an adapting warm-up), for a
@@ -757,28 +759,32 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             return None
         key = ("step", self._score_kind)
         if key not in self._graphs:
-            self._graphs[key] = self._trace_step(state, flat, batch, step_size, noise_draw)
+            self._graphs[key] = self._trace_step(state, flat, batch, step_size, noise_draw, gradient_state)
         return self._graphs[key]
 
-    def _trace_step(self, state, flat, batch, step_size, noise_draw):
+    def _trace_step(self, state, flat, batch, step_size, noise_draw, gradient_state):
         traced = self._target.traced_gradient(flat, batch, self._score_kind)
         rule, adapt = _tensor_leaves(state.rule_state), _tensor_leaves(state.adapt_state)
-        if traced is None or rule is None or adapt is None:
+        estimator = _tensor_leaves(gradient_state)  # a variance-reduced estimator's centre: inputs, moved eagerly
+        if traced is None or rule is None or adapt is None or estimator is None:
             return None
         gradient_graph, gradient_inputs = traced
         (rule_tensors, rebuild_rule), (adapt_tensors, rebuild_adapt) = rule, adapt
-        sizes = [len(rule_tensors), len(adapt_tensors), len(state.noise)]
+        estimator_tensors, rebuild_estimator = estimator
+        sizes = [len(rule_tensors), len(adapt_tensors), len(state.noise), len(estimator_tensors)]
         i, found = state.i, {}
         temperature = torch.as_tensor(self.temperature_at(i), dtype=flat.dtype, device=flat.device)
 
         def step(flat, noise_draw, step_size, finite_flat, energy, refresh, *tensors):
             rule_tensors, adapt_tensors = tensors[: sizes[0]], tensors[sizes[0] : sizes[0] + sizes[1]]
-            noise_state = noise.NoiseState(*tensors[sizes[0] + sizes[1] : sum(sizes)])
+            noise_state = noise.NoiseState(*tensors[sizes[0] + sizes[1] : sum(sizes[:3])])
+            estimator_state = rebuild_estimator(tensors[sum(sizes[:3]) : sum(sizes)])
 
-            def grad_fn(x):
+            def minibatch_grad_fn(x):
                 energy, grad, *score = gradient_graph(x, *tensors[sum(sizes) :])
                 return StochasticGradient(energy, grad, *(score or [None]))
 
+            grad_fn = self._estimator.estimate(estimator_state, flat, minibatch_grad_fn, i)[0]
             old_rule = rebuild_rule(rule_tensors)
             new_flat, rule_state, gradient, at_start = self._move(
                 flat, old_rule, grad_fn, noise_draw, step_size, i, rebuild_adapt(adapt_tensors)
@@ -803,7 +809,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         step_size = torch.as_tensor(step_size, dtype=flat.dtype, device=flat.device)
         energy = torch.as_tensor(state.potential_energy, dtype=flat.dtype, device=flat.device)
         inputs = (flat, noise_draw, step_size, self._finite_flat, energy, torch.zeros_like(flat), *rule_tensors,
-                  *adapt_tensors, *state.noise, *gradient_inputs)  # fmt: skip
+                  *adapt_tensors, *state.noise, *estimator_tensors, *gradient_inputs)  # fmt: skip
         graph = compile_.compile_tensors(step, inputs)
         if graph is None:
             return None

@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ppl_sgmcmc.gradients import svrg
 from ppl_sgmcmc.pyro import CSGLD, PSGLD, SGFS, SGHMC, SGLD, SGNHT
 from ppl_sgmcmc.pyro import compile as compile_
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
@@ -455,6 +456,8 @@ STEP_KERNELS = {
     "SGHMC, tuned, dense mass": lambda: SGHMC(plain, dense_mass=True),
     "SGHMC, rejected steps": lambda: SGHMC(plain, step_size=30.0),
     "SGNHT, matrix thermostat": lambda: SGNHT(plain, step_size=1e-4, thermostat="matrix"),
+    # a new centre every three steps, which the eager step moves and the graph takes as an input
+    "SGNHT, svrg": lambda: SGNHT(plain, step_size=1e-4, gradient=svrg(epoch_length=3)),
 }
 
 
