@@ -166,8 +166,7 @@ class _CompiledStep:
     which a draw records; ``rejected`` a boolean tensor); ``at_start``: whether the rule took its gradient at the
     chain's position (a rejected step then returns to the last accepted step's start, the finite flat). The tensors of
     the rule state it returned and of the adaptation's state are kept, so that the next step does not take the trees
-    apart again, and so is the step
-    size's tensor."""
+    apart again, and so is the step size's tensor."""
 
     def __init__(self, graph: compile_.CompiledFunction, at_start: bool, rebuild_rule: Any) -> None:
         self.graph, self.at_start, self.rebuild_rule = graph, at_start, rebuild_rule
