@@ -165,13 +165,14 @@ class _CompiledStep:
     *new noise state, noise ratio, noise variance, *new rule state)`` (the ratio and variance of the kept estimate,
     which a draw records; ``rejected`` a boolean tensor); ``at_start``: whether the rule took its gradient at the
     chain's position (a rejected step then returns to the last accepted step's start, the finite flat). The tensors of
-    the rule state it returned and of the adaptation's state are kept, so that the next step does not take the trees
-    apart again, and so is the step size's tensor."""
+    the rule state it returned, of the adaptation's state and of the estimator's are kept, so that the next step does
+    not take the trees apart again, and so is the step size's tensor."""
 
     def __init__(self, graph: compile_.CompiledFunction, at_start: bool, rebuild_rule: Any) -> None:
         self.graph, self.at_start, self.rebuild_rule = graph, at_start, rebuild_rule
         self._rule: tuple[Any, list[torch.Tensor]] = (None, [])
         self._adapt: tuple[Any, list[torch.Tensor]] = (None, [])
+        self._estimator: tuple[Any, list[torch.Tensor]] = (None, [])
         self._step_size: tuple[float | None, torch.Tensor | None] = (None, None)
 
     @staticmethod
@@ -183,14 +184,16 @@ class _CompiledStep:
         """``(new flat, new finite flat, new rule state, Ũ_t, rejected (a boolean tensor), new noise state, its
         (noise ratio, noise variance))``."""
         rule, adapt = self._tensors(rule_state, self._rule), self._tensors(adapt_state, self._adapt)
+        estimator = self._tensors(gradient_state, self._estimator)  # a new centre once an epoch
         if self._step_size[0] != step_size:
             self._step_size = (step_size, torch.as_tensor(step_size, dtype=flat.dtype, device=flat.device))
         new_flat, new_finite, energy, rejected, *rest = self.graph(
             flat, noise_draw, self._step_size[1], finite_flat, energy, refresh, *rule, *adapt, *noise_state,
-            *_tensor_leaves(gradient_state)[0], *gradient_inputs,
+            *estimator, *gradient_inputs,
         )  # fmt: skip
         new_rule = self.rebuild_rule(rest[5:])
         self._rule, self._adapt = (new_rule, rest[5:]), (adapt_state, adapt)
+        self._estimator = (gradient_state, estimator)
         return new_flat, new_finite, new_rule, energy, rejected, noise.NoiseState(*rest[:3]), tuple(rest[3:5])
 
 
