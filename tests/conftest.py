@@ -46,7 +46,7 @@ def _configure_jax_cache(path):
 
 
 # XLA:CPU's options for programs compiled in a test (see `_compile_for_tests`)
-_FAST_COMPILE_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+_FAST_COMPILE_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 
 
 def _compile_for_tests():
@@ -58,6 +58,10 @@ def _compile_for_tests():
     emitters (``--xla_cpu_use_fusion_emitters=false``) are on. They change how a program is compiled, not what it
     computes; results may differ in the last bits from a default compilation, and do not vary from run to run. The
     quick tests of ``tests/numpyro/test_kernel.py`` take 2.4 times less CPU time (``docs/src/developer/testing.md``).
+    Each program's machine code is also generated as one LLVM module (``--xla_cpu_parallel_codegen_split_count=1``):
+    XLA:CPU splits a module into parts that it compiles in parallel, which for a test's small modules costs more
+    than it gains (5-25 % less XLA compile time for a default SGNHT run; 1-5 % less time for the quick tests named
+    in ``_fewer_garbage_collections``, side by side as there).
     ``PPL_SGMCMC_TEST_XLA_DEFAULTS=1`` compiles with XLA's defaults instead, as users' programs are. Tests that
     run long chains turn LLVM's optimisations back on for them (``tests.helpers.optimized_compilation``).
 
@@ -65,8 +69,8 @@ def _compile_for_tests():
     vectorisation (``TORCHINDUCTOR_VEC_ISA_OK=0``), which takes a third less CPU time to compile and computes the
     same values as vectorised code up to rounding.
 
-    The emitters' flag goes into ``XLA_FLAGS``, where an XLA that no longer knows it would stop the process; a
-    subprocess checks first that this XLA accepts it.
+    The flags go into ``XLA_FLAGS``, where an XLA that no longer knows one would stop the process; a subprocess
+    checks first that this XLA accepts them.
     """
     if os.environ.get("PPL_SGMCMC_TEST_XLA_DEFAULTS") == "1":
         return
@@ -85,6 +89,21 @@ def _compile_for_tests():
         sys.modules["torch._inductor.config"].cpp.vec_isa_ok = False
 
 
+def _fewer_garbage_collections():
+    """Collect cyclic garbage every 50 000 net allocations instead of Python's default 700.
+
+    Tracing and lowering a program allocate millions of short-lived objects, and a test process keeps large caches
+    (traced functions, compiled programs) alive; under the default thresholds the collector ran about 1700 times
+    in the quick tests of ``tests/numpyro/test_mcmc.py``, ``tests/numpyro/test_kernel.py``,
+    ``tests/pyro/test_kernel.py`` and ``tests/test_diagnostics.py`` and took 4-5 s of their 40 s (``gc.callbacks``);
+    at 50 000, 20 collections and 1.2 s, and those tests took 3-9 % less time (two rounds side by side, one core
+    each, the configurations swapped between rounds). What a test computes does not depend on when cycles are
+    freed; a test that needs them freed calls ``gc.collect()``."""
+    import gc
+
+    gc.set_threshold(50_000, 20, 20)
+
+
 @pytest.fixture
 def xla_optimizations():
     """XLA's default optimisations for the programs a test compiles (``tests.helpers.optimized_compilation``): for
@@ -99,6 +118,7 @@ def xla_optimizations():
 
 def pytest_configure(config):
     global _owned_dir
+    _fewer_garbage_collections()
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:  # the controller (or a run without pytest-xdist), before any worker starts
         _compile_for_tests()
