@@ -42,10 +42,11 @@ Usage (from the repository root)::
     .venv/bin/python -m benchmarks.a9a_vs_nuts --nuts-draws draws.npz --nuts-seconds 942   # cache saved draws
     .venv/bin/python -m benchmarks.a9a_vs_nuts --warmup-cost     # the warm-up's share of the run, ~3 min
     .venv/bin/python -m benchmarks.a9a_vs_nuts --gradient svrg   # the main job with SVRG gradients
+    .venv/bin/python -m benchmarks.a9a_vs_nuts --gradient svrg --target-noise-ratio 0.25   # a smaller tuned step
 
 Prints the tables for ``RESULTS.md`` and writes ``benchmarks/results/a9a_vs_nuts.json``
 (``a9a_vs_nuts_quick.json`` with ``--quick``, ``a9a_vs_nuts_warmup_cost.json`` with ``--warmup-cost``,
-``a9a_vs_nuts_svrg.json`` with ``--gradient svrg``).
+``a9a_vs_nuts_svrg.json`` with ``--gradient svrg``, ``..._ratio0.25.json`` with ``--target-noise-ratio 0.25``).
 """
 
 from __future__ import annotations
@@ -198,11 +199,12 @@ def machine() -> str:
 
 
 # --- the comparison --------------------------------------------------------------------------------------
-def run_main_job(X: np.ndarray, y: np.ndarray, warmup: int, samples: int, thin: int,
-                 gradient: str = "minibatch") -> tuple[MCMC, float]:  # fmt: skip
-    """The main job's kernel (with the gradient estimator ``gradient``) and MCMC, run: ``(mcmc, wall-clock
-    seconds)``."""
-    kernel = SGNHT(model, dense_mass=True, adapt_mass_matrix=True, steps_per_sample=thin, gradient=gradient)
+def run_main_job(X: np.ndarray, y: np.ndarray, warmup: int, samples: int, thin: int, gradient: str = "minibatch",
+                 target_noise_ratio: float | None = None) -> tuple[MCMC, float]:  # fmt: skip
+    """The main job's kernel (with the gradient estimator ``gradient`` and the warm-up's ``target_noise_ratio``,
+    the kernel's default if ``None``) and MCMC, run: ``(mcmc, wall-clock seconds)``."""
+    kernel = SGNHT(model, dense_mass=True, adapt_mass_matrix=True, steps_per_sample=thin, gradient=gradient,
+                   target_noise_ratio=target_noise_ratio)  # fmt: skip
     mcmc = MCMC(kernel, num_warmup=warmup // thin, num_samples=samples // thin, num_chains=CHAINS,
                 chain_method="vectorized", progress_bar=False)  # fmt: skip
     start = time.perf_counter()
@@ -286,6 +288,9 @@ def main() -> None:
     parser.add_argument("--warmup-cost", action="store_true", help="time the warm-up against the sampling (~3 min)")
     parser.add_argument("--gradient", default="minibatch", choices=["minibatch", "svrg"],
                         help="the kernel's gradient estimator (results go to a file named after it unless minibatch)")
+    parser.add_argument("--target-noise-ratio", type=float, default=None,
+                        help="the warm-up's target noise ratio (default: the kernel's; results go to a file named "
+                             "after it when given)")
     args = parser.parse_args()
     warmup, samples, thin, ksd_draws = (4_000, 40_000, 100, 100) if args.quick else (WARMUP_STEPS, SAMPLE_STEPS,
                                                                                      THIN, KSD_DRAWS)  # fmt: skip
@@ -327,7 +332,7 @@ def main() -> None:
           f"warm-up, dense mass, seed {ref['seed']}, {ref['seconds']:.0f} s ({ref['source']}, {ref['date']}); "
           f"r_hat max {ref['r_hat_max']:.3f}, ess_bulk min {ref['ess_bulk_min']:.0f}", flush=True)  # fmt: skip
 
-    mcmc, seconds = run_main_job(X, y, warmup, samples, thin, args.gradient)
+    mcmc, seconds = run_main_job(X, y, warmup, samples, thin, args.gradient, args.target_noise_ratio)
     w = np.asarray(mcmc.get_samples(group_by_chain=True)["w"], np.float64)
     fields = mcmc.get_extra_fields()
     ratio = np.asarray(fields["noise_ratio"])
@@ -353,6 +358,7 @@ def main() -> None:
     }
     results = {
         "settings": {"kernel": "SGNHT(model, dense_mass=True, adapt_mass_matrix=True)", "gradient": args.gradient,
+                     "target_noise_ratio": args.target_noise_ratio,
                      "warmup_steps": warmup,
                      "sample_steps": samples, "thin": thin, "chains": CHAINS, "batch_size": BATCH, "seed": SEED,
                      "quick": args.quick, "date": datetime.date.today().isoformat(), "machine": machine()},
@@ -365,7 +371,8 @@ def main() -> None:
         "ksd": kernel_ksd.ksd, "nuts_ksd": nuts_ksd.ksd, "ksd_draws": kernel_ksd.num_draws,
         "checks": checks,
     }  # fmt: skip
-    suffix = ("" if args.gradient == "minibatch" else f"_{args.gradient}") + ("_quick" if args.quick else "")
+    suffix = ("" if args.gradient == "minibatch" else f"_{args.gradient}") + (
+        "" if args.target_noise_ratio is None else f"_ratio{args.target_noise_ratio:g}") + ("_quick" if args.quick else "")
     out = RESULTS / f"a9a_vs_nuts{suffix}.json"
     out.write_text(json.dumps(results, indent=1) + "\n")
 
