@@ -371,8 +371,11 @@ def main() -> None:
         "ksd": kernel_ksd.ksd, "nuts_ksd": nuts_ksd.ksd, "ksd_draws": kernel_ksd.num_draws,
         "checks": checks,
     }  # fmt: skip
-    suffix = ("" if args.gradient == "minibatch" else f"_{args.gradient}") + (
-        "" if args.target_noise_ratio is None else f"_ratio{args.target_noise_ratio:g}") + ("_quick" if args.quick else "")
+    suffix = "".join([
+        "" if args.gradient == "minibatch" else f"_{args.gradient}",
+        "" if args.target_noise_ratio is None else f"_ratio{args.target_noise_ratio:g}",
+        "_quick" if args.quick else "",
+    ])  # fmt: skip
     out = RESULTS / f"a9a_vs_nuts{suffix}.json"
     out.write_text(json.dumps(results, indent=1) + "\n")
 

@@ -37,7 +37,6 @@ import subprocess
 import sys
 import time
 
-FAST_COMPILE_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 PROGRAMS = ("run", "_collect_draws", "search", "init_one")
 PIECES = ("gradient", "find_mode", "hessian", "newton", "probe")
 
@@ -152,8 +151,10 @@ def main(argv: list[str] | None = None) -> None:
         print(_table(f"{model}: {title}", rows))
         return
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    if not options.xla_defaults:
-        env.update(JAX_DISABLE_MOST_OPTIMIZATIONS="1", XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} {FAST_COMPILE_XLA_FLAGS}")
+    if not options.xla_defaults:  # the test session's settings, from where the tests take them
+        from tests.conftest import _FAST_COMPILE_XLA_FLAGS
+
+        env.update(JAX_DISABLE_MOST_OPTIMIZATIONS="1", XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} {_FAST_COMPILE_XLA_FLAGS}")
     for model in options.model:
         for what in ("programs", "pieces"):
             command = [sys.executable, "-m", "benchmarks.start_compile", "--repeats", str(options.repeats),
