@@ -1153,11 +1153,15 @@ class Algorithm(Generic[RuleStateT]):
 
     def _epoch_length(self, target: Target) -> int | None:
         """Steps between the centres of a refreshing gradient estimator (SVRG): its ``refresh_every``, or one
-        epoch ``N/n`` of the largest subsampled plate; ``None`` for an estimator that does not refresh."""
+        epoch ``N/n`` of the largest subsampled plate, rounded up to whole draws (``steps_per_sample``: the centre
+        moves between draws, where the NumPyro backend's accelerator loop moves it); ``None`` for an estimator
+        that does not refresh."""
         every: int | None = self._estimator.refresh_every
         if every is None:
             return None
-        return every or _epoch(target)
+        every = every or _epoch(target)
+        steps: int = self._steps_per_sample
+        return -(-every // steps) * steps
 
     def _anchor_length(self, target: Target) -> int | None:
         """Steps between the rule's full-data anchors (:meth:`_anchor`), or ``None`` (the default: the rule reads no

@@ -920,6 +920,24 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             return None
         return lambda x: self._target.full_gradient(x, self._unravel, model_args, model_kwargs)
 
+    def _centre(self, flat, model_args, model_kwargs):
+        """The gradient estimator's state at a new centre ``flat`` (its full-data gradient there)."""
+        return self._estimator.init(flat, self._full_gradient_fn(model_args, model_kwargs))
+
+    def _recentre(self, state, model_args, model_kwargs):
+        """``state`` with the gradient estimator's centre moved to the chain's position, every chain at once: what
+        :meth:`_step` does at the first step of each epoch of a refreshing estimator (SVRG). On the accelerator step
+        (:data:`STEP_PATH`) the steps after the warm-up leave it to :class:`ppl_sgmcmc.numpyro.MCMC`'s loop, which
+        calls this between loops of whole epochs: no branch per step."""
+        model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
+
+        def one(state):
+            flat = ravel_into(state.z, state.finite_position)
+            return state._replace(gradient_state=self._centre(flat, model_args, model_kwargs))
+
+        with _TRACING:  # the model runs here only while traced
+            return (vmap(one) if self._vectorized else one)(state)
+
     def _step(self, state, model_args, model_kwargs):
         """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite,
         measure the gradient noise and, during the warm-up, adapt."""
@@ -932,12 +950,14 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         # any d-vector of the state serves as the buffer (every entry is overwritten): no concatenate per step
         flat = ravel_into(state.z, state.finite_position)
         gradient_state = state.gradient_state
-        if self._epoch_steps is not None:  # a new centre every epoch (SVRG), all chains at once
+        # a new centre every epoch (SVRG), all chains at once; after the warm-up on the accelerator step, MCMC's loop
+        # moves it between loops of whole epochs instead (`_recentre`)
+        if self._epoch_steps is not None and not self._after_warmup:
             data, merge = split_arrays((model_args, model_kwargs))
 
             def recentre(gradient_state, args):
                 x, data = args
-                return self._estimator.init(x, self._full_gradient_fn(*merge(data)))
+                return self._centre(x, *merge(data))
 
             due = (state.i > 0) & (state.i % self._epoch_steps == 0)
             gradient_state = warmup.when(due, recentre, gradient_state, (flat, data))

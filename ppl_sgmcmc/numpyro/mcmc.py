@@ -201,9 +201,10 @@ class MCMC(numpyro.infer.MCMC):
             state = kernel.init(rng_key, self.num_warmup, init_params, model_args=args, model_kwargs=kwargs)
             init_state = state if init_state is None else init_state
         init_val: tuple
+        recentre: Any
         if self._jit_model_args:
             sample_fn, postprocess_fn = self._get_cached_fns()
-            init_val = (init_state, args, kwargs)
+            init_val, recentre = (init_state, args, kwargs), _RecentreWithArguments(kernel)
         else:  # the data as the loop's arguments, not constants of its program (see `_ArrayArguments`)
             # one per run (a run's chains share its arguments, and `run` empties the cache): NumPy arrays converted
             # once, and one loop for the run's chains
@@ -211,12 +212,13 @@ class MCMC(numpyro.infer.MCMC):
             if arguments is None:
                 arguments = self._cache["ppl_sgmcmc: array arguments"] = _ArrayArguments(self, args, kwargs)
             sample_fn, postprocess_fn, init_val = arguments, arguments.postprocess, (init_state, arguments.data)
+            recentre = arguments.recentre
         params, thinning = self._collection_params, self.thinning
         lower, upper, size = params["lower"], params["upper"], params["collection_size"]
         size = (upper - lower) // thinning if size is None else size // thinning
         # one loop for the run's chains (chain_method="sequential" calls this once per chain); none kept when
         # traced (chain_method="parallel": `pmap` traces this), as NumPyro keeps none
-        accelerated = _Accelerated.of(kernel, self._steps()[0], upper)
+        accelerated = _Accelerated.of(kernel, self._steps()[0], upper, recentre)
         # with replays of the warm-up, the loop counts the chain's own draws (`state.i`), which a replay sets back
         replays = kernel._steps_per_sample if kernel._replays_allowed and kernel.warmup_replays() else None
         key = ("ppl_sgmcmc: collection loop", sample_fn, postprocess_fn, collect_fields, remove_sites, lower, upper,
@@ -270,6 +272,11 @@ class _ArrayArguments:
         state, data = val
         return self.mcmc.sampler.sample(state, *self.merge(data)), data
 
+    def recentre(self, val: tuple) -> tuple:
+        """The loop's value with the kernel's gradient estimator centred at the chain's position (:class:`_Accelerated`)."""
+        state, data = val
+        return self.mcmc.sampler._recentre(state, *self.merge(data)), data
+
     def postprocess(self, z: Any, data: Any) -> Any:
         """NumPyro's postprocessing of the collected latent values ``z``: the MCMC's ``postprocess_fn``, else the
         kernel's, over the chains of a vectorized run."""
@@ -280,6 +287,17 @@ class _ArrayArguments:
         if jax.tree.leaves(z):
             return jax.vmap(body_fn)(z)
         return jax.tree.map(lambda x: jnp.broadcast_to(x, (mcmc.num_chains, *jnp.shape(x))), body_fn(z))
+
+
+class _RecentreWithArguments(NamedTuple):
+    """:meth:`_ArrayArguments.recentre` for the loop of ``jit_model_args=True``, whose value is NumPyro's ``(state,
+    model_args, model_kwargs)``."""
+
+    kernel: SGMCMCKernel
+
+    def __call__(self, val: tuple) -> tuple:
+        state, args, kwargs = val
+        return self.kernel._recentre(state, args, kwargs), args, kwargs
 
 
 def _collect_and_postprocess(postprocess_fn: Any, collect_fields: tuple, remove_sites: tuple) -> Any:
@@ -305,25 +323,40 @@ def _collect_and_postprocess(postprocess_fn: Any, collect_fields: tuple, remove_
 class _Accelerated(NamedTuple):
     """How the collection loop runs the accelerator step (:data:`ppl_sgmcmc.numpyro.kernel.STEP_PATH`): its first
     ``warmup_calls`` calls as traced for the warm-up, the others traced after it (without the adaptation's branch);
-    with a progress bar, the bar's host call after every ``chunk`` calls (a loop of loops: no branch per step)."""
+    with a progress bar, the bar's host call after every ``chunk`` calls; with a gradient estimator that moves its
+    centre every epoch (SVRG), ``recentre(val)`` before every ``epoch_calls``-th call after the warm-up, from call
+    ``first_centre`` on (a loop of loops: no branch per step)."""
 
     warmup_calls: int
     after_warmup: Any  # the kernel's `_traced_after_warmup`
     show: Any  # the bar's `show`, or None
     chunk: int
+    recentre: Any = None  # `val -> val` with the estimator's centre at the chain's position, or None
+    epoch_calls: int = 0
+    first_centre: int = 0
 
     @classmethod
-    def of(cls, kernel: SGMCMCKernel, start_step: int, upper: int) -> _Accelerated | None:
-        """For ``kernel``'s run of ``upper`` calls from step ``start_step``; ``None`` on the CPU step."""
+    def of(cls, kernel: SGMCMCKernel, start_step: int, upper: int, recentre: Any) -> _Accelerated | None:
+        """For ``kernel``'s run of ``upper`` calls from step ``start_step``, ``recentre`` moving the centre of its
+        gradient estimator in the loop's value; ``None`` on the CPU step."""
         if not kernel._accelerated:
             return None
+        steps = kernel._steps_per_sample
         warmup_calls = 0
         if kernel.adapts:  # the calls that end at or before the warm-up's last step
             left = kernel._num_warmup_steps - start_step
-            warmup_calls = min(upper, max(0, -(-left // kernel._steps_per_sample)))
+            warmup_calls = min(upper, max(0, -(-left // steps)))
         bar = kernel._progress
-        return cls(warmup_calls, kernel._traced_after_warmup, None if bar is None else bar.show,
-                   0 if bar is None else bar.rate)  # fmt: skip
+        accelerated = cls(warmup_calls, kernel._traced_after_warmup, None if bar is None else bar.show,
+                          0 if bar is None else bar.rate)  # fmt: skip
+        epoch = kernel._epoch_steps  # a whole number of calls (`Algorithm._epoch_length`)
+        if epoch is None:
+            return accelerated
+        # the kernel's step moves the centre at its steps `i > 0` with `i % epoch == 0`; call `c` starts at step
+        # `start_step + c * steps`
+        first = warmup_calls + (-(start_step + warmup_calls * steps) % epoch) // steps
+        first += epoch // steps if start_step + first * steps == 0 else 0
+        return accelerated._replace(recentre=recentre, epoch_calls=epoch // steps, first_centre=first)
 
 
 def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thinning: int, size: int,
@@ -362,21 +395,37 @@ def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thi
             last_val, collection = lax.fori_loop(0, upper, body, (init_val, collection))
             return collection, last_val
 
-        def run_calls(a: int, b: int, carry: tuple) -> tuple:
-            """Calls ``a`` to ``b - 1``: loops of static length (no branch on device data), the bar drawn after
-            each chunk."""
+        def run_calls(a: Any, length: int, carry: tuple) -> tuple:
+            """``length`` calls from call ``a`` (traced in a loop of epochs): loops of static length (no branch on
+            device data), the bar drawn after each chunk."""
             if accelerated.show is None:
-                return lax.fori_loop(a, b, body, carry)
+                return lax.fori_loop(0, length, lambda j, carry: body(a + j, carry), carry)
 
             def run(base: Any, length: int, carry: tuple) -> tuple:
                 carry = lax.fori_loop(0, length, lambda j, carry: body(base + j, carry), carry)
                 accelerated.show(carry[0][0])
                 return carry
 
-            chunks, rest = divmod(b - a, accelerated.chunk)
+            chunks, rest = divmod(length, accelerated.chunk)
             carry = lax.fori_loop(0, chunks, lambda c, carry: run(a + c * accelerated.chunk, accelerated.chunk, carry),
                                   carry)  # fmt: skip
             return run(a + chunks * accelerated.chunk, rest, carry) if rest else carry
+
+        def run_epochs(a: int, b: int, carry: tuple) -> tuple:
+            """Calls ``a`` to ``b - 1`` after the warm-up: with a gradient estimator's centre moved before every
+            ``epoch_calls``-th from ``first_centre`` (outside the calls' loops: no branch)."""
+            first, every = accelerated.first_centre, accelerated.epoch_calls
+            if accelerated.recentre is None or first >= b:
+                return run_calls(a, b - a, carry)
+            carry = run_calls(a, first - a, carry)
+
+            def epoch(e: Any, carry: tuple, length: int = every) -> tuple:
+                val, collection = carry
+                return run_calls(first + e * every, length, (accelerated.recentre(val), collection))
+
+            epochs, rest = divmod(b - first, every)
+            carry = lax.fori_loop(0, epochs, epoch, carry)
+            return epoch(epochs, carry, rest) if rest else carry
 
         carry, split = (init_val, collection), accelerated.warmup_calls
         if split > 0 and replays is not None:  # the warm-up's calls, run again while a replay set the count back
@@ -386,7 +435,7 @@ def _collection_loop(sample_fn: Any, transform: Any, lower: int, upper: int, thi
             carry = run_calls(0, split, carry)
         if split < upper:
             with accelerated.after_warmup():
-                carry = run_calls(split, upper, carry)
+                carry = run_epochs(split, upper, carry)
         last_val, collection = carry
         return collection, last_val
 

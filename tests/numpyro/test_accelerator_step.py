@@ -31,6 +31,7 @@ import pytest
 
 from ppl_sgmcmc import numpyro as backend
 from ppl_sgmcmc.numpyro import kernel as kernel_module
+from ppl_sgmcmc.numpyro import mcmc as mcmc_module
 from tests.numpyro.conftest import logistic_model
 
 WARMUP = 200
@@ -58,6 +59,7 @@ KERNELS = {
     "SGHMC": lambda: backend.SGHMC(logistic_model, find_mode=False),
     "SGNHT": lambda: backend.SGNHT(logistic_model, find_mode=False),
     "SGNHT-4-steps": lambda: backend.SGNHT(logistic_model, find_mode=False, steps_per_sample=4),
+    "SGNHT-svrg": lambda: backend.SGNHT(logistic_model, find_mode=False, gradient="svrg"),
     "PSGLD": lambda: backend.PSGLD(logistic_model, find_mode=False),
     "SGFS": lambda: backend.SGFS(weights_model),
     "CSGLD": lambda: backend.CSGLD(logistic_model, find_mode=False),
@@ -183,6 +185,9 @@ CHAINS = {
     "SGNHT, tuned": KERNELS["SGNHT"],
     "SGNHT, tuned, 4 steps per draw": KERNELS["SGNHT-4-steps"],
     "SGLD, given step size": lambda: backend.SGLD(logistic_model, step_size=1e-3),
+    # a centre moved every epoch (10 steps, rounded up to 12: whole draws), by the loop between its loops of epochs
+    "SGNHT, tuned, svrg, 4 steps per draw": lambda: backend.SGNHT(logistic_model, find_mode=False, steps_per_sample=4,
+                                                                  gradient="svrg"),  # fmt: skip
 }
 #: the tests that compare with `cpu_chains`'s runs: on one pytest-xdist worker (`--dist loadgroup`), which runs each once
 on_cpu_chains = pytest.mark.xdist_group("accelerator_step_cpu_chains")
@@ -231,23 +236,50 @@ def test_the_accelerator_step_gives_the_cpu_steps_draws(name, path, logistic_dat
 
 @on_cpu_chains
 @pytest.mark.slow
-def test_the_same_draws_with_a_progress_bar(path, logistic_data, cpu_chains):
-    """The bar drawn after each chunk of calls, of the warm-up's and of the later ones; 4 steps per draw."""
-    name = "SGNHT, tuned, 4 steps per draw"
+@pytest.mark.parametrize("name", ["SGNHT, tuned, 4 steps per draw", "SGNHT, tuned, svrg, 4 steps per draw"])
+def test_the_same_draws_with_a_progress_bar(name, path, logistic_data, cpu_chains):
+    """The bar drawn after each chunk of calls, of the warm-up's and of the later ones; 4 steps per draw; with SVRG,
+    the chunks after the warm-up inside its loop of epochs."""
     path("accelerator")
     assert_same_draws(draws(CHAINS[name](), logistic_data, progress_bar=True), cpu_chains(name))
 
 
 @pytest.mark.slow
-def test_the_same_draws_with_vectorized_chains(path, logistic_data):
+@pytest.mark.parametrize("gradient", ["minibatch", "svrg"])
+def test_the_same_draws_with_vectorized_chains(gradient, path, logistic_data):
     """Three vectorized chains, thinned by 3, with the bar (a given step size: vectorizing leaves the loop's split
-    at the warm-up's end as it is)."""
+    at the warm-up's end as it is); with SVRG, every chain's centre moved at once."""
     options = dict(num_chains=3, chain_method="vectorized", thinning=3)
     path("cpu")
-    cpu = draws(backend.SGNHT(logistic_model, step_size=1e-2), logistic_data, **options)
+    cpu = draws(backend.SGNHT(logistic_model, step_size=1e-2, gradient=gradient), logistic_data, **options)
     path("accelerator")
-    assert_same_draws(draws(backend.SGNHT(logistic_model, step_size=1e-2), logistic_data, progress_bar=True, **options),
-                      cpu)  # fmt: skip
+    accelerator = draws(backend.SGNHT(logistic_model, step_size=1e-2, gradient=gradient), logistic_data,
+                        progress_bar=True, **options)  # fmt: skip
+    assert_same_draws(accelerator, cpu)
+
+
+def test_the_loop_of_epochs_has_no_branch_and_no_host_call(path, logistic_data, monkeypatch):
+    """SVRG moves its centre every epoch: on the accelerator step the run's loop does it between loops of whole
+    epochs, so a run without a warm-up (a given step size: every call after it) compiles a loop with no branch, no
+    host call and no loop of unknown length (``jit_model_args=True``: the loop's other value)."""
+    lowered, collection_loop_of = [], mcmc_module._collection_loop
+
+    def collection_loop(*args):
+        loop = collection_loop_of(*args)
+
+        def run(init_val):
+            program = loop.lower(init_val)
+            lowered.append((program.as_text(), program.compile().as_text()))
+            return loop(init_val)
+
+        return run
+
+    monkeypatch.setattr(mcmc_module, "_collection_loop", collection_loop)
+    path("accelerator")
+    kernel = backend.SGHMC(logistic_model, step_size=1e-2, gradient="svrg")
+    draws(kernel, logistic_data, num_warmup=0, num_samples=25, jit_model_args=True)
+    assert kernel._epoch_steps == 10 and len(lowered) == 1
+    assert host_round_trips(*lowered[0]) == []
 
 
 @on_cpu_chains
