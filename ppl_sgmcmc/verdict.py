@@ -224,12 +224,14 @@ class Verdict:
                 f"predictions (R-hat at most {self.rhat:.3f}): if the model "
                 "has symmetries (a network's hidden units can be permuted, a mixture's labels switched), each chain "
                 "holds its own copy of one posterior, whose predictions can be trusted and whose parameters' summaries "
-                "cannot"
+                "cannot; if it has none (a regression's weights), the chains have not met on the parameters yet"
             )
             fixes.append(
                 "for such a model, judge the predictions: MCMC(..., verdict=\"predictions\") "
                 "(ppl_sgmcmc.numpyro.MCMC) or ppl_sgmcmc.diagnostics.verdict(mcmc, judge=\"predictions\")"
             )
+            if not (self.unmixed or self.too_few or self.drifting):  # else the advice below says it
+                fixes.append("for a model without symmetries, " + self._run_longer())
         if self.unmixed:
             seen.append(f"{chains} (R-hat {self.rhat:.3f} on {self.rhat_of}, above {RHAT_LIMIT})")
         if self.too_few:

@@ -167,7 +167,9 @@ def test_mirror_image_chains_agree_on_the_predictions():
     assert result.judged == "predictions" and result.rhat <= verdict.RHAT_LIMIT and not result.too_few
     text = result.message("SGLD")
     assert text.startswith(f"SGLD: {verdict.SYMMETRIC}: ") and 'verdict="predictions"' in text
-    assert 'judge="predictions"' in text and "run longer" not in text  # running longer joins no copies
+    assert 'judge="predictions"' in text and "if it has none (a regression's weights), the chains have not met" in text
+    # running longer joins no copies: the advice is for a model without symmetries, whose chains have not met
+    assert text.count("run longer") == 1 and "or for a model without symmetries, run longer" in text
     judged = verdict.assess(ab, predictions=f, judge="predictions")
     assert judged.ok and judged.judged == "predictions" and judged.parameters_rhat is None
     assert verdict.assess(ab).severe  # without predictions: chains that never met
