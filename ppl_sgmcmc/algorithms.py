@@ -1153,15 +1153,13 @@ class Algorithm(Generic[RuleStateT]):
 
     def _epoch_length(self, target: Target) -> int | None:
         """Steps between the centres of a refreshing gradient estimator (SVRG): its ``refresh_every``, or one
-        epoch ``N/n`` of the largest subsampled plate, rounded up to whole draws (``steps_per_sample``: the centre
-        moves between draws, where the NumPyro backend's accelerator loop moves it); ``None`` for an estimator
-        that does not refresh."""
+        epoch ``N/n`` of the largest subsampled plate, made a multiple or a divisor of ``steps_per_sample`` (the
+        nearest), so that the centres move between draws or between equal groups of a draw's steps, where the NumPyro
+        backend's accelerator step moves them without a branch; ``None`` for an estimator that does not refresh."""
         every: int | None = self._estimator.refresh_every
         if every is None:
             return None
-        every = every or _epoch(target)
-        steps: int = self._steps_per_sample
-        return -(-every // steps) * steps
+        return _aligned(every or _epoch(target), self._steps_per_sample)
 
     def _anchor_length(self, target: Target) -> int | None:
         """Steps between the rule's full-data anchors (:meth:`_anchor`), or ``None`` (the default: the rule reads no
@@ -2641,6 +2639,23 @@ def _epoch(target: Target) -> int:
     """Steps in one epoch, ``N/n``, of the model's largest subsampled plate (at least 1)."""
     size, n = max(target.plate_sizes.values())
     return max(1, size // n)
+
+
+def _aligned(every: int, steps: int) -> int:
+    """``every`` if it is a multiple or a divisor of ``steps``, else the nearest (in ratio) multiple, or divisor if
+    ``every < steps``, of ``steps``.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.algorithms import _aligned
+        >>> _aligned(325, 1), _aligned(325, 40), _aligned(20, 100), _aligned(30, 100), _aligned(90, 100)
+        (325, 320, 20, 25, 100)
+    """
+    if every % steps == 0 or steps % every == 0:
+        return every
+    if every > steps:
+        return round(every / steps) * steps
+    return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: abs(math.log(d / every)))
 
 
 def _ladder(temperatures: Any, kernel: str) -> tuple[float, ...]:  # Any: the user's value, before its check

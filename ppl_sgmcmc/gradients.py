@@ -140,8 +140,8 @@ def svrg(epoch_length: int | None = None) -> GradientEstimator:
     moves to the chain's position every ``epoch_length`` steps, at the price of a full-data gradient there.
 
     :param epoch_length: steps between centres, a positive integer, or ``None`` (default): one epoch of the
-        largest subsampled plate, ``N/n`` steps. A kernel rounds it up to whole draws (a multiple of its
-        ``steps_per_sample``): the centre moves between draws.
+        largest subsampled plate, ``N/n`` steps. A kernel makes it the nearest multiple or divisor of its
+        ``steps_per_sample``: the centre moves between draws, or between equal groups of a draw's steps.
 
     **Example**::
 

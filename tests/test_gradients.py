@@ -93,16 +93,17 @@ def test_svrg_centre_moves_on_schedule():
     assert np.array_equal(centres[0], np.zeros(D))  # the start
 
 
-def test_default_epoch_is_n_over_batch_in_whole_draws():
-    """One epoch, ``N/n`` steps, rounded up to whole draws of ``steps_per_sample`` steps (the centre moves between
-    draws, where the accelerator step's loop moves it: ``tests/numpyro/test_accelerator_step.py``)."""
+def test_default_epoch_is_n_over_batch_aligned_with_draws():
+    """One epoch, ``N/n`` steps, or the nearest multiple or divisor of ``steps_per_sample`` (the centre moves between
+    draws or between equal groups of a draw's steps, where the accelerator step moves it without a branch:
+    ``tests/numpyro/test_accelerator_step.py``)."""
     epochs = []
-    for steps in (1, 3, N // BATCH):
+    for steps in (1, 3, 100, 300, 240):
         kernel = np_backend.SGLD(numpyro_model, step_size=1e-4, gradient="svrg", find_mode=False,
                                  steps_per_sample=steps)  # fmt: skip
         kernel.init(jax.random.PRNGKey(0), 0, {"w": jnp.zeros(D)}, (jnp.asarray(X), jnp.asarray(Y)))
         epochs.append(kernel._epoch_steps)
-    assert epochs == [100, 102, 100]  # N/n = 100
+    assert epochs == [100, 99, 100, 100, 120]  # N/n = 100
 
 
 def assert_exact_posterior(draws, h):

@@ -885,8 +885,11 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         )
 
     def _sample_one(self, state, model_args, model_kwargs):
-        """``steps_per_sample`` steps; the draw's noise ratio is that of its last step, computed once."""
-        if self._steps_per_sample == 1:
+        """``steps_per_sample`` steps; the draw's noise ratio is that of its last step, computed once. After the
+        warm-up on the accelerator step (:data:`STEP_PATH`), an SVRG epoch shorter than a draw (a divisor of it:
+        ``Algorithm._epoch_length``) is a loop of epochs, each from a new centre: no branch per step."""
+        steps, epoch = self._steps_per_sample, self._epoch_steps
+        if steps == 1:
             state = self._step(state, model_args, model_kwargs)
         else:
 
@@ -895,7 +898,17 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
                 state = self._step(state, model_args, model_kwargs)
                 return state, diverging | state.diverging
 
-            state, diverging = lax.fori_loop(0, self._steps_per_sample, body, (state, jnp.zeros((), bool)))
+            def one_epoch(_, carry):
+                state, diverging = carry
+                flat = ravel_into(state.z, state.finite_position)
+                state = state._replace(gradient_state=self._centre(flat, model_args, model_kwargs))
+                return lax.fori_loop(0, epoch, body, (state, diverging))
+
+            carry = (state, jnp.zeros((), bool))
+            if self._after_warmup and epoch is not None and epoch < steps:
+                state, diverging = lax.fori_loop(0, steps // epoch, one_epoch, carry)
+            else:
+                state, diverging = lax.fori_loop(0, steps, body, carry)
             state = state._replace(diverging=diverging)
         ratio = noise.ratio(state.noise, state.step_size, self.temperature_at(state.i - 1))
         return state._replace(noise_ratio=ratio)
@@ -928,7 +941,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         """``state`` with the gradient estimator's centre moved to the chain's position, every chain at once: what
         :meth:`_step` does at the first step of each epoch of a refreshing estimator (SVRG). On the accelerator step
         (:data:`STEP_PATH`) the steps after the warm-up leave it to :class:`ppl_sgmcmc.numpyro.MCMC`'s loop, which
-        calls this between loops of whole epochs: no branch per step."""
+        calls this between loops of whole epochs of draws (an epoch of one draw or more; a shorter one:
+        :meth:`_sample_one`): no branch per step."""
         model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
 
         def one(state):
@@ -950,8 +964,8 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         # any d-vector of the state serves as the buffer (every entry is overwritten): no concatenate per step
         flat = ravel_into(state.z, state.finite_position)
         gradient_state = state.gradient_state
-        # a new centre every epoch (SVRG), all chains at once; after the warm-up on the accelerator step, MCMC's loop
-        # moves it between loops of whole epochs instead (`_recentre`)
+        # a new centre every epoch (SVRG), all chains at once; after the warm-up on the accelerator step, loops of
+        # whole epochs move it instead (`_sample_one`, and MCMC's loop through `_recentre`)
         if self._epoch_steps is not None and not self._after_warmup:
             data, merge = split_arrays((model_args, model_kwargs))
 

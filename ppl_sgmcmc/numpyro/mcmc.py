@@ -349,8 +349,8 @@ class _Accelerated(NamedTuple):
         bar = kernel._progress
         accelerated = cls(warmup_calls, kernel._traced_after_warmup, None if bar is None else bar.show,
                           0 if bar is None else bar.rate)  # fmt: skip
-        epoch = kernel._epoch_steps  # a whole number of calls (`Algorithm._epoch_length`)
-        if epoch is None:
+        epoch = kernel._epoch_steps  # a multiple or a divisor of a call's steps (`Algorithm._epoch_length`)
+        if epoch is None or epoch < steps:  # none, or moved inside each call (`SGMCMCKernel._sample_one`)
             return accelerated
         # the kernel's step moves the centre at its steps `i > 0` with `i % epoch == 0`; call `c` starts at step
         # `start_step + c * steps`

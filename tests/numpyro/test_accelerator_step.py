@@ -60,6 +60,7 @@ KERNELS = {
     "SGNHT": lambda: backend.SGNHT(logistic_model, find_mode=False),
     "SGNHT-4-steps": lambda: backend.SGNHT(logistic_model, find_mode=False, steps_per_sample=4),
     "SGNHT-svrg": lambda: backend.SGNHT(logistic_model, find_mode=False, gradient="svrg"),
+    "SGNHT-svrg-20-steps": lambda: backend.SGNHT(logistic_model, find_mode=False, steps_per_sample=20, gradient="svrg"),
     "PSGLD": lambda: backend.PSGLD(logistic_model, find_mode=False),
     "SGFS": lambda: backend.SGFS(weights_model),
     "CSGLD": lambda: backend.CSGLD(logistic_model, find_mode=False),
@@ -185,9 +186,12 @@ CHAINS = {
     "SGNHT, tuned": KERNELS["SGNHT"],
     "SGNHT, tuned, 4 steps per draw": KERNELS["SGNHT-4-steps"],
     "SGLD, given step size": lambda: backend.SGLD(logistic_model, step_size=1e-3),
-    # a centre moved every epoch (10 steps, rounded up to 12: whole draws), by the loop between its loops of epochs
+    # a centre moved every epoch (N/n = 10 steps), made a multiple of a draw (8 steps) and moved by the run's loop
+    # between its loops of epochs, or a divisor (10 of 20 steps) and moved by the draw's loop of epochs
     "SGNHT, tuned, svrg, 4 steps per draw": lambda: backend.SGNHT(logistic_model, find_mode=False, steps_per_sample=4,
                                                                   gradient="svrg"),  # fmt: skip
+    "SGNHT, tuned, svrg, 20 steps per draw": lambda: backend.SGNHT(logistic_model, find_mode=False,
+                                                                   steps_per_sample=20, gradient="svrg"),  # fmt: skip
 }
 #: the tests that compare with `cpu_chains`'s runs: on one pytest-xdist worker (`--dist loadgroup`), which runs each once
 on_cpu_chains = pytest.mark.xdist_group("accelerator_step_cpu_chains")
@@ -236,10 +240,11 @@ def test_the_accelerator_step_gives_the_cpu_steps_draws(name, path, logistic_dat
 
 @on_cpu_chains
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["SGNHT, tuned, 4 steps per draw", "SGNHT, tuned, svrg, 4 steps per draw"])
+@pytest.mark.parametrize("name", ["SGNHT, tuned, 4 steps per draw", "SGNHT, tuned, svrg, 4 steps per draw",
+                                  "SGNHT, tuned, svrg, 20 steps per draw"])  # fmt: skip
 def test_the_same_draws_with_a_progress_bar(name, path, logistic_data, cpu_chains):
-    """The bar drawn after each chunk of calls, of the warm-up's and of the later ones; 4 steps per draw; with SVRG,
-    the chunks after the warm-up inside its loop of epochs."""
+    """The bar drawn after each chunk of calls, of the warm-up's and of the later ones; with SVRG, the chunks after
+    the warm-up inside the run's loop of epochs, or epochs inside each draw."""
     path("accelerator")
     assert_same_draws(draws(CHAINS[name](), logistic_data, progress_bar=True), cpu_chains(name))
 
