@@ -900,9 +900,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
 
             def one_epoch(_, carry):
                 state, diverging = carry
-                flat = ravel_into(state.z, state.finite_position)
-                state = state._replace(gradient_state=self._centre(flat, model_args, model_kwargs))
-                return lax.fori_loop(0, epoch, body, (state, diverging))
+                return lax.fori_loop(0, epoch, body, (self._centred(state, model_args, model_kwargs), diverging))
 
             carry = (state, jnp.zeros((), bool))
             if self._after_warmup and epoch is not None and epoch < steps:
@@ -944,13 +942,15 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         calls this between loops of whole epochs of draws (an epoch of one draw or more; a shorter one:
         :meth:`_sample_one`): no branch per step."""
         model_args, model_kwargs = as_jax_arrays(model_args), as_jax_arrays(model_kwargs or {})
-
-        def one(state):
-            flat = ravel_into(state.z, state.finite_position)
-            return state._replace(gradient_state=self._centre(flat, model_args, model_kwargs))
-
         with _TRACING:  # the model runs here only while traced
-            return (vmap(one) if self._vectorized else one)(state)
+            if self._vectorized:
+                return vmap(lambda one: self._centred(one, model_args, model_kwargs))(state)
+            return self._centred(state, model_args, model_kwargs)
+
+    def _centred(self, state, model_args, model_kwargs):
+        """One chain's ``state`` with the gradient estimator's centre at its position."""
+        return state._replace(gradient_state=self._centre(ravel_into(state.z, state.finite_position), model_args,
+                                                          model_kwargs))  # fmt: skip
 
     def _step(self, state, model_args, model_kwargs):
         """One SG-MCMC step: draw a minibatch, apply the rule, reject the move if anything is non-finite,
