@@ -16,8 +16,9 @@
    compiled, which the trajectory does not read, and the compiled step is checked against the eager one in
    ``test_compile.py``.
 
-Together these make the two backends' chains equal in distribution; ``test_posterior.py`` compares
-their posteriors statistically as well.
+Together these make the two backends' chains equal in distribution, so that the NumPyro backend's statistical
+tests hold for the Pyro kernels too; ``test_posterior.py`` checks the Pyro kernels' posteriors against exact ones
+as well.
 """
 
 import jax
