@@ -389,7 +389,8 @@ class Algorithm(Generic[RuleStateT]):
       ``_place_rule_state``, ``_restart_rule_state``, ``_absorbs_noise_per_coordinate``, ``_set_warmup``,
       ``_measure_noise``, ``_adapt``, and the class attributes ``can_adapt_mass``, ``rescales_mass``, ``widens_mass``,
       ``default_noise_ratio``, ``max_step_size``;
-    - *health*: ``_watched_state``, ``_changing_preconditioner``, ``_preconditioner_change``, ``noise_ratio_limit``;
+    - *health*: ``_watched_state``, ``_changing_preconditioner``, ``_preconditioner_change``, ``noise_ratio_limit``,
+      ``noise_bias``, ``step_fix``;
     - *checks on the model*: ``_check_target``, ``_check_dimension``, ``_check_scores``, ``constrained``;
     - *full-data passes*: ``_anchor_length``, ``_anchor`` (a rule that reads full-data energies at its own points);
     - *what is recorded and shown*: ``sample_stats_fields``, ``final_state_fields``, ``samples_posterior``,
@@ -546,6 +547,13 @@ class Algorithm(Generic[RuleStateT]):
         """How this kernel takes a smaller step, where that is not a smaller ``step_size``, for the health checks'
         warnings of rejected and diverging steps (:func:`ppl_sgmcmc.health.message`); ``None``: a smaller
         ``step_size``."""
+        return None
+
+    @property
+    def noise_bias(self) -> str | None:
+        """How the gradient noise biases this kernel's draws, for the noise-ratio warning
+        (:func:`ppl_sgmcmc.health.message`), where not as it biases a chain whose rule leaves it in the draws
+        (Langevin dynamics, SGHMC: wider along the noisiest directions); ``None``: as those."""
         return None
 
     # --- the rule's arguments -----------------------------------------------------------------------
@@ -1289,6 +1297,20 @@ class SGHMC(_SGHMCMoves[sghmc_rule.SGHMCState]):
         return cast(Scalar, 1 / self.hyperparameters_at(i)["friction"])
 
 
+#: The noise-ratio warning's diagnosis for each of SGNHT's thermostats (:attr:`SGNHT.noise_bias`).
+_THERMOSTAT_NOISE_BIAS = {
+    "multivariate": "the thermostat absorbs the noise's variance along each coordinate of the metric but not its "
+    "correlations between coordinates, which spread the draws too wide along some directions and too narrow along "
+    "others (`thermostat=\"matrix\"` absorbs the correlations too, for an eigendecomposition of a d × d matrix a step: "
+    "up to a few hundred coordinates)",
+    "scalar": "the scalar thermostat absorbs the noise's mean variance over the coordinates, which spreads the draws "
+    "too wide along the noisiest coordinates and too narrow along the quietest (the default "
+    "`thermostat=\"multivariate\"` absorbs each coordinate's)",
+    "matrix": "the matrix thermostat absorbs the noise to first order in the step; at this ratio the excess it leaves "
+    "spreads the draws wider than the posterior along the noisiest directions",
+}
+
+
 class SGNHT(Algorithm[sgnht_rule.SGNHTState]):
     """Stochastic gradient Nosé-Hoover thermostat: the multivariate mSGNHT of Li, Chen, Fan & Carin
     ("High-Order Stochastic Gradient Thermostats for Bayesian Learning of Deep Models", AAAI 2016)
@@ -1341,6 +1363,13 @@ class SGNHT(Algorithm[sgnht_rule.SGNHTState]):
     def noise_scale(self, rule_state: sgnht_rule.SGNHTState, i: StepIndex, position: Array) -> Scalar:
         """``1/D``: the injected noise's variance is ``2Dhτ`` (the thermostat absorbs the gradient noise)."""
         return cast(Scalar, 1 / self._options["diffusion"])
+
+    @property
+    def noise_bias(self) -> str:
+        """What the thermostat leaves of the noise (Li, Chen, Fan & Carin's multivariate thermostat absorbs each
+        coordinate's variance, Ding et al.'s scalar one their mean, the matrix one the whole covariance to first
+        order), and so how the draws come out."""
+        return _THERMOSTAT_NOISE_BIAS[self._options["thermostat"]]
 
     @property
     def _absorbs_noise_per_coordinate(self) -> bool:

@@ -285,14 +285,24 @@ _TUNED_HINT = (
 )
 
 
+#: How the gradient noise biases a chain whose rule does not absorb it (Langevin dynamics, SGHMC): the noise-ratio
+#: warning's diagnosis, unless the algorithm gives its own (:attr:`~ppl_sgmcmc.algorithms.Algorithm.noise_bias`).
+_NOISE_BIAS = (
+    "spread wider than the posterior along the noisiest directions and, where the chain left the region in which its "
+    "step was tuned (a neural network's curvature and noise change along the chain), possibly too narrow elsewhere"
+)
+
+
 def message(
-    kernel: str, kind: str, values: Any, tuned: bool = False, reducible: bool = False, step_fix: str | None = None
+    kernel: str, kind: str, values: Any, tuned: bool = False, reducible: bool = False, step_fix: str | None = None,
+    noise_bias: str | None = None,
 ) -> str:
     """The warning for a failed check ``kind`` with the ``values`` of :func:`check` (``tuned``: the warm-up chose the
     step size; ``reducible``: the kernel uses the plain minibatch gradient of a model with subsampled plates, so that
     a variance-reduced estimator of :mod:`ppl_sgmcmc.gradients` could remove its noise; ``step_fix``: how the kernel
     takes a smaller step, where that is not a smaller ``step_size``
-    (:attr:`~ppl_sgmcmc.algorithms.Algorithm.step_fix`); all change the fix).
+    (:attr:`~ppl_sgmcmc.algorithms.Algorithm.step_fix`); all change the fix; ``noise_bias``: how the noise biases this
+    kernel's draws, where not as it biases a Langevin or SGHMC chain's (:attr:`~ppl_sgmcmc.algorithms.Algorithm.noise_bias`)).
 
     **Example**::
 
@@ -341,9 +351,7 @@ def message(
         return (
             f"{kernel}: after {int(steps)} steps the noise ratio is {ratio:.3g} at h = {h:g}, at two checks in a "
             f"row: the stochastic gradient's noise (with the discretisation's error) adds about {ratio:.3g} times the "
-            "variance the kernel injects (ppl_sgmcmc.noise), so the draws are probably biased: spread wider than the "
-            "posterior along the noisiest directions and, where the chain left the region in which its step was "
-            "tuned (a neural network's curvature and noise change along the chain), possibly too narrow elsewhere. "
+            f"variance the kernel injects (ppl_sgmcmc.noise), so the draws are probably biased: {noise_bias or _NOISE_BIAS}. "
             f"{fix}; a larger `subsample_size` also helps. Read it with the chains' agreement (r_hat, the end-of-run "
             "verdict): chains that have not met are a failure of their own, which a smaller step does not fix."
             + ("" if tuned else _TUNED_HINT)
@@ -394,10 +402,12 @@ class Reporter:
         1
     """
 
-    def __init__(self, kernel: str, tuned: bool = False, reducible: bool = False, step_fix: str | None = None) -> None:
+    def __init__(self, kernel: str, tuned: bool = False, reducible: bool = False, step_fix: str | None = None,
+                 noise_bias: str | None = None) -> None:  # fmt: skip
         # `tuned`: the warm-up chooses the step size; `reducible`: a variance-reduced gradient could serve; `step_fix`:
-        # how to take a smaller step where that is not a smaller step size (`message`)
+        # how to take a smaller step where that is not a smaller step size; `noise_bias`: the kernel's (`message`)
         self.kernel, self.tuned, self.reducible, self.step_fix = kernel, tuned, reducible, step_fix
+        self.noise_bias = noise_bias
         self.reported: set[str] = set()
 
     def reset(self) -> None:
@@ -414,7 +424,8 @@ class Reporter:
         """Warn for each failed check not yet reported in this run (``flags``, ``values``: a
         :class:`HealthState`'s, with or without a leading chain axis; see :func:`failures`)."""
         caller = sys._getframe(1)
-        for kind, text in failures(self.kernel, flags, values, self.tuned, self.reducible, self.step_fix).items():
+        advice = (self.tuned, self.reducible, self.step_fix, self.noise_bias)
+        for kind, text in failures(self.kernel, flags, values, *advice).items():
             if kind not in self.reported:
                 # not `warnings.warn`: its registry shows a text once per code location, so a later run that fails
                 # the same way would be silent; once per run and kind is decided here (filters still apply)
@@ -426,11 +437,12 @@ class Reporter:
 
 
 def failures(
-    kernel: str, flags: Any, values: Any, tuned: bool = False, reducible: bool = False, step_fix: str | None = None
+    kernel: str, flags: Any, values: Any, tuned: bool = False, reducible: bool = False, step_fix: str | None = None,
+    noise_bias: str | None = None,
 ) -> dict[str, str]:
     """``{kind: message}`` for the failed checks of a :class:`HealthState`'s ``flags`` and ``values``; with a
     leading chain axis, each kind's message gives the values of the first chain in which it failed (``tuned``,
-    ``reducible``, ``step_fix``: see :func:`message`).
+    ``reducible``, ``step_fix``, ``noise_bias``: see :func:`message`).
 
     **Example** (two chains: the second rejected most of its steps)::
 
@@ -449,7 +461,7 @@ def failures(
         first = np.argmax(flags, axis=0)
         flags, values = flags.any(axis=0), values[first, np.arange(len(KINDS))]
     return {
-        kind: message(kernel, kind, row, tuned, reducible, step_fix)
+        kind: message(kernel, kind, row, tuned, reducible, step_fix, noise_bias)
         for kind, flag, row in zip(KINDS, flags, values)
         if flag
     }

@@ -297,6 +297,36 @@ def test_sgfs_warnings_of_a_too_large_step_name_its_alpha():
     assert pyro_kernel._health.step_fix == pyro_kernel.step_fix
 
 
+def test_sgnht_noise_warning_says_what_its_thermostat_leaves():
+    """SGNHT's thermostats absorb part of the gradient noise (``benchmarks/RESULTS.md``, "The noise ratio of SGNHT":
+    the multivariate one each coordinate's variance, leaving the correlations, which bias the draws both ways; the
+    scalar one the mean variance, leaving the noisiest coordinates too wide and the quietest too narrow; the matrix one
+    all of it to first order). Its noise-ratio warning says which, and names the matrix thermostat where it helps,
+    instead of the Langevin chains' "wider along the noisiest directions"; each backend's reporter gets the text."""
+    from ppl_sgmcmc import health
+
+    values = [1e-3, 3000, 0, 1.0, 9.0, 0, 0, 1.0]
+    langevin = health.message("SGLD", "noise", values, tuned=True)
+    assert "spread wider than the posterior along the noisiest directions" in langevin
+    expected = {"multivariate": ("correlations", 'thermostat="matrix"'), "scalar": ("quietest", "multivariate"),
+                "matrix": ("first order", "noisiest")}  # fmt: skip
+    for backend, model in ((np_backend, regression_numpyro), (pyro_backend, regression_pyro)):
+        assert backend.SGLD(model).noise_bias is None and backend.SGHMC(model).noise_bias is None
+        for thermostat, words in expected.items():
+            bias = backend.SGNHT(model, thermostat=thermostat).noise_bias
+            text = health.message("SGNHT", "noise", values, tuned=True, noise_bias=bias)
+            assert bias in text and all(word in bias for word in words), (thermostat, text)
+            assert "possibly too narrow elsewhere" not in text
+    X = np.random.default_rng(0).normal(size=(200, 2)).astype(np.float32)
+    y = X @ np.array([1.0, -1.0], np.float32)
+    kernel = np_backend.SGNHT(regression_numpyro, step_size=1e-3)
+    MCMC(kernel, num_warmup=0, num_samples=5, progress_bar=False).run(jax.random.PRNGKey(0), X, y)
+    assert kernel._health.noise_bias == kernel.noise_bias
+    pyro_kernel = pyro_backend.SGNHT(regression_pyro, step_size=1e-3, compile_potential=False)
+    pyro.infer.MCMC(pyro_kernel, warmup_steps=0, num_samples=5, disable_progbar=True).run(torch.tensor(X), torch.tensor(y))
+    assert pyro_kernel._health.noise_bias == pyro_kernel.noise_bias
+
+
 COUNTS = np.random.default_rng(0).poisson(3.0, 1000).astype(np.float32)
 
 

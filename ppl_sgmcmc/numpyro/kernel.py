@@ -534,7 +534,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._accelerated = _accelerator_step((model_args, model_kwargs, init_params))
         self._sample_fn = vmap(self._sample_one, in_axes=(0, None, None)) if vectorized else self._sample_one
         self._health = health.Reporter(name, tuned=self._tune, reducible=self.variance_reducible,
-                                       step_fix=self.step_fix)
+                                       step_fix=self.step_fix, noise_bias=self.noise_bias)
         self.__dict__.setdefault("_final_checks", {})  # report_health's checks, compiled per warm-up length
         return state
 

@@ -530,7 +530,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         self._state = None
         self._draws = 0
         self._health = health.Reporter(name, tuned=self._tune, reducible=self.variance_reducible,
-                                       step_fix=self.step_fix)
+                                       step_fix=self.step_fix, noise_bias=self.noise_bias)
         self._health_state = None  # the checks' state (ppl_sgmcmc.health.HealthState), from the first check
         if not self._tune:
             _checks.first_step_size(self.step_size_at(0), name)
