@@ -17,9 +17,8 @@ when it took :data:`SLOW_SECONDS` in any of the reports::
 
 A test's time varies between runs (with the machine's load, the order the workers take the tests in and what the
 caches hold), so one full run may put a test that the list holds under the threshold and move it back into the quick
-tier. To add the
-tests a new report finds slow without dropping any, ``--add`` keeps the listed ones (the list is then the union over
-the reports that made it)::
+tier. To add the tests a new report finds slow without dropping any, ``--add`` keeps the listed ones (the list is then
+the union over the reports that made it)::
 
     .venv/bin/python -m pytest -n 2 -p no:cacheprovider --durations=0 -m "not slow" > /tmp/quick.txt
     .venv/bin/python -m tests.tiers --add /tmp/quick.txt
