@@ -13,13 +13,16 @@ posterior is ``N(μ, I)`` exactly, and the minibatch (``n = 100``, with replacem
 ``V = (N/n)(I - Λ)`` in the posterior's own coordinates. ``Λ = Q diag(0.1, 0.5, 0.9, 0.99) Qᵀ``: with ``Q = I`` the
 noise is **diagonal** (``V_kk`` = 90, 50, 10, 1), with a random rotation ``Q`` it is **correlated**.
 
-**Runs.** SGLD, SGNHT (multivariate thermostat, the default) and SGNHT with the scalar thermostat, each at
-hand-set step sizes (no warm-up tuning, the identity metric), 4 chains of 2000 + 200 000 steps from ``μ``, every
-20th kept. Per run: the draws' covariance ``C`` against ``I`` (its diagonal and its eigenvalues), ``h V_kk / 2`` (the
-noise ratio with ``c = 1`` or ``1/D``, ``D = 1``), and the noise ratio the kernel reported (median over the draws).
-The Monte Carlo error of a variance ratio here is about 2 %.
+**Runs.** SGLD, SGHMC (friction ``A = 1``, which leaves the noise in the draws as SGLD does, with ``c = 1/A``), SGNHT
+(multivariate thermostat, the default) and SGNHT with the scalar thermostat, each at hand-set step sizes (no warm-up
+tuning, the identity metric), 4 chains of 2000 + 200 000 steps from ``μ``, every 20th kept. Per run: the draws'
+covariance ``C`` against ``I`` (its diagonal and its eigenvalues), ``h V_kk / 2`` (the noise ratio with ``c = 1`` or
+``1/A`` or ``1/D``, ``A = D = 1``), the noise ratio the kernel reported (median over the draws) and, for the rules
+with a momentum, the eigenvalues of the kept momenta's covariance: the **kinetic temperature**, ``τ I`` without
+gradient noise, whose excess along a direction is the heat the friction leaves there. The Monte Carlo error of a
+variance ratio here is about 2 %.
 
-Usage (from the repository root; about 2.5 minutes on one core)::
+Usage (from the repository root; about 3 minutes on one core)::
 
     .venv/bin/python -m benchmarks.thermostat_noise
 
@@ -43,11 +46,12 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import init_to_value
 
-from ppl_sgmcmc.numpyro import MCMC, SGLD, SGNHT
+from ppl_sgmcmc.numpyro import MCMC, SGHMC, SGLD, SGNHT
 
 N, BATCH, LAMBDA = 10_000, 100, np.array([0.1, 0.5, 0.9, 0.99])
-#: The step sizes of each sampler: SGLD's ``h V_kk / 2`` reach 0.225 and 0.9, SGNHT's 0.45, 2.25 and 9.
-STEP_SIZES = {"SGLD": (0.005, 0.02), "SGNHT": (0.01, 0.05, 0.2), "SGNHT, scalar thermostat": (0.01, 0.05, 0.2)}
+#: The step sizes of each sampler: SGLD's and SGHMC's ``h V_kk / 2`` reach 0.225 and 0.9, SGNHT's 0.45, 2.25 and 9.
+STEP_SIZES = {"SGLD": (0.005, 0.02), "SGHMC": (0.005, 0.02), "SGNHT": (0.01, 0.05, 0.2),
+              "SGNHT, scalar thermostat": (0.01, 0.05, 0.2)}  # fmt: skip
 STEPS, THIN, WARMUP, CHAINS = 200_000, 20, 2_000, 4
 RESULTS = Path(__file__).resolve().parent / "results" / "thermostat_noise.json"
 
@@ -78,6 +82,8 @@ def run(sampler: str, h: float, correlated: bool) -> dict[str, Any]:
                "init_strategy": init_to_value(values={"theta": jnp.asarray(target["mean"], jnp.float32)})}  # fmt: skip
     if sampler == "SGLD":
         kernel = SGLD(model, **options)
+    elif sampler == "SGHMC":
+        kernel = SGHMC(model, **options)
     else:
         kernel = SGNHT(model, thermostat="scalar" if "scalar" in sampler else "multivariate", **options)
     mcmc = MCMC(kernel, num_warmup=WARMUP // THIN, num_samples=STEPS // THIN, num_chains=CHAINS,
@@ -86,14 +92,21 @@ def run(sampler: str, h: float, correlated: bool) -> dict[str, Any]:
     with warnings.catch_warnings():  # the noise-ratio warnings: what this script measures
         warnings.simplefilter("ignore")
         mcmc.run(jax.random.PRNGKey(0), target["Y"], target["Lam"], target["precision"],
-                 extra_fields=("noise_ratio",))  # fmt: skip
+                 extra_fields=("noise_ratio",) if sampler == "SGLD" else ("noise_ratio", "rule_state.momentum"))  # fmt: skip
     x = np.asarray(mcmc.get_samples()["theta"], np.float64)
     C = np.cov(x, rowvar=False)
-    reported = np.asarray(mcmc.get_extra_fields()["noise_ratio"], np.float64)
+    fields = mcmc.get_extra_fields()
+    reported = np.asarray(fields["noise_ratio"], np.float64)
+    # the kinetic temperature: the eigenvalues of the kept momenta's covariance (``τ I`` without gradient noise)
+    kinetic = None
+    if sampler != "SGLD":
+        momenta = np.asarray(fields["rule_state.momentum"], np.float64)
+        kinetic = np.linalg.eigvalsh(momenta.T @ momenta / len(momenta)).round(3).tolist()
     return {
         "sampler": sampler, "h": h, "noise": "correlated" if correlated else "diagonal",
         "seconds": round(time.perf_counter() - start, 1), "variances": np.diag(C).round(3).tolist(),
         "eigenvalues": np.linalg.eigvalsh(C).round(3).tolist(),
+        "momentum_eigenvalues": kinetic,
         "h V_kk / 2": (h * np.diag(target["V"]) / 2).round(3).tolist(),
         "reported_noise_ratio_median": round(float(np.nanmedian(reported)), 3),
         "mean_error_max": round(float(np.abs(x.mean(0) - target["mean"]).max()), 4),
@@ -102,12 +115,13 @@ def run(sampler: str, h: float, correlated: bool) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of the runs."""
-    lines = ["| sampler | noise | h | h V_kk / 2 (c = 1 or 1/D) | reported ratio (median) | variances of C | eigenvalues of C |",
-             "|---|---|---:|---|---:|---|---|"]  # fmt: skip
+    lines = ["| sampler | noise | h | h V_kk / 2 (c = 1 or 1/D) | reported ratio (median) | variances of C | eigenvalues of C "
+             "| eigenvalues of the momenta's covariance |", "|---|---|---:|---|---:|---|---|---|"]  # fmt: skip
     for row in rows:
         values = [row["sampler"], row["noise"], f"{row['h']:g}", ", ".join(f"{v:g}" for v in row["h V_kk / 2"]),
                   f"{row['reported_noise_ratio_median']:.2f}", ", ".join(f"{v:.2f}" for v in row["variances"]),
-                  ", ".join(f"{v:.2f}" for v in row["eigenvalues"])]  # fmt: skip
+                  ", ".join(f"{v:.2f}" for v in row["eigenvalues"]),
+                  ", ".join(f"{v:.2f}" for v in row["momentum_eigenvalues"] or ()) or "—"]  # fmt: skip
         lines.append("| " + " | ".join(values) + " |")
     return "\n".join(lines)
 
