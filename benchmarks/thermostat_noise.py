@@ -115,8 +115,8 @@ def run(sampler: str, h: float, correlated: bool) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of the runs."""
-    lines = ["| sampler | noise | h | h V_kk / 2 (c = 1 or 1/D) | reported ratio (median) | variances of C | eigenvalues of C "
-             "| eigenvalues of the momenta's covariance |", "|---|---|---:|---|---:|---|---|---|"]  # fmt: skip
+    lines = ["| sampler | noise | h | h V_kk / 2 (c = 1, 1/A or 1/D) | reported ratio (median) | variances of C "
+             "| eigenvalues of C | eigenvalues of the momenta's covariance |", "|---|---|---:|---|---:|---|---|---|"]  # fmt: skip
     for row in rows:
         values = [row["sampler"], row["noise"], f"{row['h']:g}", ", ".join(f"{v:g}" for v in row["h V_kk / 2"]),
                   f"{row['reported_noise_ratio_median']:.2f}", ", ".join(f"{v:.2f}" for v in row["variances"]),
