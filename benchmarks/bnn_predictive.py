@@ -6,9 +6,10 @@ Deep Learning", NeurIPS 2021 Competition and Demonstration Track, PMLR 176, 2022
 posterior is a sea of symmetric modes) but the predictive distribution, against HMC's. Each kernel of
 ``ppl_sgmcmc.numpyro`` (SGLD, SGHMC, SGNHT, PSGLD, SGFS, CSGLD) runs as ``Kernel(model, steps_per_sample=thin)``
 with its defaults (no step size: the warm-up finds a mode, builds a dense Laplace preconditioner and tunes the step
-from the measured gradient noise), then with ``gradient="svrg"`` (where the kernel accepts it; a refusal is
-recorded), then SGNHT and SGHMC with SVRG at four times the kept steps and at four times the warm-up's too, and SGNHT
-with its matrix thermostat (``thermostat="matrix"``), alone and with SVRG (:data:`ROWS`). 4 chains, ``chain_method="vectorized"``,
+from the measured gradient noise; SGHMC and SGNHT then take SVRG's gradient), SGHMC and SGNHT with the minibatch
+gradient, the other kernels with ``gradient="svrg"`` (where the kernel accepts it; a refusal is recorded), SGNHT and
+SGHMC with SVRG at four times the kept steps and at four times the warm-up's too, and SGNHT with its matrix
+thermostat (``thermostat="matrix"``), with either gradient (:data:`ROWS`). 4 chains, ``chain_method="vectorized"``,
 minibatches of 100 drawn with replacement, seed 0, one run per row (``benchmarks.hands_off.run_cell``: the wall
 clock includes compilation, mode finding and warm-up; its warnings are collected). CSGLD's draws are
 importance-resampled by their weights first.
@@ -100,10 +101,11 @@ KERNELS = h.KERNELS
 #: every kernel.
 ROWS: dict[str, tuple[dict[str, Any], tuple[int, int], tuple[str, ...] | None]] = {
     "default": ({}, (1, 1), None),
-    "svrg": ({"gradient": "svrg"}, (1, 1), None),
+    "minibatch": ({"gradient": "minibatch"}, (1, 1), ("SGHMC", "SGNHT")),  # their default is SVRG's gradient
+    "svrg": ({"gradient": "svrg"}, (1, 1), ("SGLD", "PSGLD", "SGFS", "CSGLD")),
     "svrg 4x": ({"gradient": "svrg"}, (1, 4), ("SGHMC", "SGNHT")),
     "svrg 4x, 4x warm-up": ({"gradient": "svrg"}, (4, 4), ("SGHMC", "SGNHT")),
-    "matrix thermostat": ({"thermostat": "matrix"}, (1, 1), ("SGNHT",)),
+    "matrix thermostat, minibatch": ({"thermostat": "matrix", "gradient": "minibatch"}, (1, 1), ("SGNHT",)),
     "matrix thermostat, svrg": ({"thermostat": "matrix", "gradient": "svrg"}, (1, 1), ("SGNHT",)),
 }  # fmt: skip
 MLP_NOISE = 0.3

@@ -7,7 +7,8 @@ Learning of Deep Models" (AAAI 2016), §5.3 / Table 2: weights ``w ~ N(0, 10 I)`
 Run ``python -m models.logistic_regression --help`` for the options. The defaults are the library's: four
 chains of mSGNHT-S with no step size given, so the warm-up finds an approximate mode, builds a dense Laplace
 preconditioner there (a9a's one-hot feature groups leave directions that only the prior identifies, sd ~3,
-next to directions with sd ~0.01) and tunes the step size from the gradient noise it measures; 20 000
+next to directions with sd ~0.01) and tunes the step size from the gradient noise it measures (SVRG's
+variance-reduced gradient, SGNHT's and SGHMC's default with a tuned step size); 20 000
 warm-up and 600 000 kept steps per chain, thinned by 300 inside the kernel. The run prints the tuned step
 sizes and noise ratios, the test accuracy next to the one Li et al. report (:data:`PAPER_ACCURACY`), an
 ArviZ summary and PSIS-LOO, and writes the InferenceData (netCDF) and a trace plot (PNG).

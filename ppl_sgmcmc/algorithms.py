@@ -353,12 +353,14 @@ class Algorithm(Generic[RuleStateT]):
     :param target_noise_ratio: the noise ratio (:mod:`ppl_sgmcmc.noise`) the tuned step size aims at; the
         default is the algorithm's (:attr:`default_noise_ratio`). Smaller values mean less bias and slower
         mixing.
-    :param gradient: the gradient estimator (:mod:`ppl_sgmcmc.gradients`): ``"minibatch"`` (default),
+    :param gradient: the gradient estimator (:mod:`ppl_sgmcmc.gradients`): ``"minibatch"``,
         ``"control_variates"`` (around the chain's start, which ``find_mode`` then puts at an approximate mode),
         ``"svrg"`` (the centre moved every epoch), or an estimator such as
         ``ppl_sgmcmc.gradients.control_variates(centre=...)`` or ``svrg(epoch_length=...)``. The variance-reduced
         estimators need a model with subsampled plates and cost two minibatch gradients per step and a
-        full-data gradient per centre; the noise they remove lets the tuned step size grow.
+        full-data gradient per centre; the noise they remove lets the tuned step size grow. ``None`` (default):
+        the algorithm's :attr:`tuned_gradient` when the step size is tuned and the model allows a variance-reduced
+        estimator (subsampled plates over data on the device, no local Gibbs sites), else ``"minibatch"``.
     :param cycle_length: run in the cycles of cyclical SG-MCMC (Zhang, Li, Zhang, Chen & Wilson, "Cyclical
         Stochastic Gradient MCMC for Bayesian Deep Learning", ICLR 2020) after the warm-up, each of
         ``cycle_length`` draws (of ``steps_per_sample`` steps); ``None`` (default): no cycles. See :class:`Cycles`
@@ -432,6 +434,9 @@ class Algorithm(Generic[RuleStateT]):
     default_noise_ratio: ClassVar[float] = 0.1
     #: A run whose noise ratio exceeds this gets a warning (the step size is too large for the noise).
     noise_ratio_limit: ClassVar[float] = 0.5
+    #: The gradient estimator (a name of :data:`ppl_sgmcmc.gradients.ESTIMATORS`) of a tuned step size where the
+    #: model allows a variance-reduced one (``gradient=None``).
+    tuned_gradient: ClassVar[str] = "minibatch"
     #: The largest tuned step size at unit curvature (the discretisation's cap, in preconditioned coordinates).
     max_step_size: ClassVar[float] = 0.2
     #: Whether a run's draws are a sample to judge at its end (:mod:`ppl_sgmcmc.verdict`); not an optimiser's.
@@ -459,7 +464,7 @@ class Algorithm(Generic[RuleStateT]):
         dense_mass: bool | str | None = None,
         inverse_mass_matrix: adaptation.Preconditioner | Array | np.ndarray | None = None,
         target_noise_ratio: float | None = None,
-        gradient: str | gradients.GradientEstimator = "minibatch",
+        gradient: str | gradients.GradientEstimator | None = None,
         cycle_length: int | None = None,
         exploration_fraction: float | None = None,
         max_warmup: int | None = None,
@@ -494,7 +499,12 @@ class Algorithm(Generic[RuleStateT]):
         )  # fmt: skip
         if self._low_rank_requested:  # the Laplace start is diagonal; the windows add the low-rank part
             self._dense_mass = False
-        self._estimator = _checks.estimator(gradient, gradients.ESTIMATORS, gradients.GradientEstimator, name)
+        # by default the tuned step size's estimator, settled for the model's plates in `_check_target`
+        self._gradient_by_default = gradient is None and self._tune and model is not None and self._gibbs is None
+        self._estimator: gradients.GradientEstimator = _checks.estimator(
+            self.tuned_gradient if self._gradient_by_default else gradient or "minibatch", gradients.ESTIMATORS,
+            gradients.GradientEstimator, name,
+        )  # fmt: skip
         if self._estimator.needs_full_gradient and potential_fn is not None:
             raise ValueError(
                 f"{name}: gradient={self._estimator.name!r} needs the full-data gradient at its centre, which a "
@@ -534,6 +544,12 @@ class Algorithm(Generic[RuleStateT]):
     def name(self) -> str:
         """The kernel's class name, used in messages."""
         return type(self).__name__
+
+    @property
+    def gradient_estimator(self) -> gradients.GradientEstimator:
+        """The gradient estimator the kernel steps with (:mod:`ppl_sgmcmc.gradients`): the given one, or the default
+        of ``gradient=None`` (:attr:`tuned_gradient`), which a run settles for the model's plates at its start."""
+        return self._estimator
 
     @property
     def variance_reducible(self) -> bool:
@@ -849,11 +865,11 @@ class Algorithm(Generic[RuleStateT]):
     # --- the step size in force, the tuned options and the cycles' stages -------------------------------------------
     def tuned_options(self, state: object, chain: int | None = None) -> dict[str, Any]:
         """The options that give a new kernel this run's kernel after its warm-up: ``step_size`` (the tuned one,
-        which is a step size in the coordinates of the adapted preconditioner, or the given one) and
-        ``inverse_mass_matrix`` (the preconditioner). ``SGLD(model, **kernel.tuned_options(state))`` then runs the
-        chain the run ran after its warm-up, from any start, without a warm-up; the ``step_size`` the run recorded
-        passed alone would run the rule in the model's own coordinates, where it is not a step size of the
-        posterior (often far too large).
+        which is a step size in the coordinates of the adapted preconditioner, or the given one),
+        ``inverse_mass_matrix`` (the preconditioner) and, for a variance-reduced gradient, ``gradient``.
+        ``SGLD(model, **kernel.tuned_options(state))`` then runs the chain the run ran after its warm-up, from any
+        start, without a warm-up; the ``step_size`` the run recorded passed alone would run the rule in the model's own
+        coordinates, where it is not a step size of the posterior (often far too large).
 
         :param state: the run's state after the warm-up: NumPyro's ``mcmc.last_state`` (or
             ``post_warmup_state``), Pyro's ``kernel.last_state``.
@@ -889,7 +905,11 @@ class Algorithm(Generic[RuleStateT]):
                     "and preconditioner; pass `chain=k` to take chain k's."
                 )
             pre, step_size = adaptation.Preconditioner(pre.scale[chain], pre.inverse[chain]), step_size[chain]
-        return {"step_size": float(step_size) if self._tune else self._step_size, "inverse_mass_matrix": pre}
+        options: dict[str, Any] = {"step_size": float(step_size) if self._tune else self._step_size,
+                                   "inverse_mass_matrix": pre}  # fmt: skip
+        if self._estimator.name != "minibatch":  # which a kernel given a step size does not take by default
+            options["gradient"] = self._estimator
+        return options
 
     def step_size_in(self, adapt_state: AdaptationState, i: StepIndex) -> Scalar:
         """The step size of step ``i``: the tuned one of ``adapt_state``, or the given one (a schedule at ``i``); with
@@ -1127,6 +1147,9 @@ class Algorithm(Generic[RuleStateT]):
         self._kwargs_cache = {}
         if self.rule.NEEDS == "per_example":
             target.enable_per_example_scores()
+        if self._gradient_by_default:  # a variance-reduced default needs plates whose rows the device holds
+            allowed = target.plate_sizes and not target.streamed
+            self._estimator = gradients.ESTIMATORS[self.tuned_gradient if allowed else "minibatch"]()
         if self._estimator.needs_full_gradient and not target.plate_sizes:
             raise ValueError(
                 f"{self.name}: gradient={self._estimator.name!r} reduces the minibatch noise of a model's subsampled "
@@ -1291,6 +1314,9 @@ class SGHMC(_SGHMCMoves[sghmc_rule.SGHMCState]):
 
     rule = sghmc_rule
     low_rank_metric = True
+    # the friction's injected noise does not make up for the minibatch noise's correlations, which on a network grow
+    # where the chain travels; SVRG removes most of that noise, and the step it lets the tuning take pays its cost
+    tuned_gradient = "svrg"
 
     def noise_scale(self, rule_state: sghmc_rule.SGHMCState, i: StepIndex, position: Array) -> Scalar:
         """``1/A``: the injected noise's variance is ``2Ahτ``."""
@@ -1359,6 +1385,7 @@ class SGNHT(Algorithm[sgnht_rule.SGNHTState]):
     # injected noise; far beyond, the multivariate thermostat's per-coordinate correction misses correlated noise
     default_noise_ratio = 1.0
     noise_ratio_limit = 5.0
+    tuned_gradient = "svrg"  # as SGHMC's: the multivariate thermostat absorbs the noise's variances, not its correlations
 
     def noise_scale(self, rule_state: sgnht_rule.SGNHTState, i: StepIndex, position: Array) -> Scalar:
         """``1/D``: the injected noise's variance is ``2Dhτ`` (the thermostat absorbs the gradient noise)."""

@@ -19,11 +19,13 @@ Estimators are backend-neutral: they use only arithmetic on what ``minibatch_gra
 same estimator runs on ``jax.numpy`` and ``torch`` arrays, and they never touch a rule or a kernel (as
 BlackJAX's ``grad_estimator`` and ``control_variates``).
 
-* :func:`minibatch`: ``∇Ũ_t`` itself (Welling & Teh, ICML 2011), the default.
+* :func:`minibatch`: ``∇Ũ_t`` itself (Welling & Teh, ICML 2011), the default of every kernel but SGHMC and SGNHT
+  with a tuned step size (``Algorithm.tuned_gradient``).
 * :func:`control_variates`: ``∇Ũ_t(x) - ∇Ũ_t(ĉ) + ∇U(ĉ)`` around a fixed centre ``ĉ`` (Baker, Fearnhead, Fox &
   Nemeth, "Control variates for stochastic gradient MCMC", Statistics and Computing 2019).
 * :func:`svrg`: the same with the centre moved to the chain's position every epoch (Dubey, Reddi, Williamson,
-  Póczos, Smola & Xing, "Variance Reduction in Stochastic Gradient Langevin Dynamics", NeurIPS 2016).
+  Póczos, Smola & Xing, "Variance Reduction in Stochastic Gradient Langevin Dynamics", NeurIPS 2016); the default
+  of SGHMC and SGNHT with a tuned step size, where the model's data is on the device.
 
 Both variance-reduced estimators are unbiased for ``∇U(x)``, and their noise is that of the *difference*
 of the minibatch gradients at ``x`` and ``ĉ``, which vanishes as ``x → ĉ``: near a mode of a posterior that

@@ -44,6 +44,16 @@ def assert_sd_ratio_within(draws, low, high):
     return ratio
 
 
+def assert_noise_ratio_on_target(ratio, step, kernel):
+    """The kept draws' median noise ratio is SGNHT's target (1) within a factor of 2 (the estimate's spread), or
+    below it for chains whose tuned step is the discretisation's cap (``max_step_size``), which a small noise lets
+    the tuning reach before the target."""
+    capped = np.asarray(step == kernel.max_step_size)[..., 0]  # per chain
+    median = np.median(np.asarray(ratio), axis=-1)
+    assert np.all(median < 2) and np.all(capped | (median > 0.5)), (median, capped)
+    return capped
+
+
 def test_numpyro_tuned_sgnht_samples_the_posterior_and_freezes():
     chains = 4
     kernel = np_backend.SGNHT(numpyro_model, steps_per_sample=10)
@@ -58,25 +68,29 @@ def test_numpyro_tuned_sgnht_samples_the_posterior_and_freezes():
     np.testing.assert_array_equal(frozen, np.broadcast_to(np.asarray(warm.preconditioner.scale)[:, None], frozen.shape))
     step = np.asarray(extra["step_size"])
     np.testing.assert_array_equal(step, np.broadcast_to(np.asarray(warm.step_size)[:, None], step.shape))
-    # the tuned noise ratio is the target (1 for SGNHT), up to the estimate's spread
-    ratio = np.asarray(extra["noise_ratio"])
-    assert 0.5 < np.median(ratio) < 2, np.median(ratio)
+    # the tuned noise ratio is the target (1 for SGNHT), up to the estimate's spread, where the step did not reach
+    # the discretisation's cap first (as SVRG's noise, the default gradient here, lets it)
+    assert_noise_ratio_on_target(np.asarray(extra["noise_ratio"]), step, kernel)
     draws = np.asarray(mcmc.get_samples(group_by_chain=True)["w"])
     assert_sd_ratio_within(draws, 0.9, 1.1)
     mean = draws.reshape(-1, D).mean(0)
     assert np.all(np.abs(mean - MEAN) < 0.2 * np.sqrt(np.diag(COV))), (mean - MEAN) / np.sqrt(np.diag(COV))
 
 
-@pytest.mark.parametrize("kernel_class", ["SGLD", "SGHMC", "PSGLD"])
-def test_numpyro_tuned_kernels_hit_their_noise_target(kernel_class):
-    """The other kernels' tuned step sizes reach their noise ratio (0.1), so their variance is inflated by
-    about that much at most; short runs (their mixing is slow at that ratio) check the sd within [0.8, 1.25]."""
-    kernel = getattr(np_backend, kernel_class)(numpyro_model, steps_per_sample=20)
+@pytest.mark.parametrize("kernel_class, options", [("SGLD", {}), ("SGHMC", {}), ("PSGLD", {}),
+                                                   ("SGNHT", {"gradient": "minibatch"})])  # fmt: skip
+def test_numpyro_tuned_kernels_hit_their_noise_target(kernel_class, options):
+    """The tuned step sizes reach the kernels' noise ratio (0.1; SGNHT's 1 with the minibatch gradient, whose noise
+    holds its step below the cap that SVRG's lets it reach), so the variance of the Langevin and SGHMC draws is
+    inflated by about that much at most; short runs (their mixing is slow at that ratio) check the sd within
+    [0.8, 1.25]."""
+    kernel = getattr(np_backend, kernel_class)(numpyro_model, steps_per_sample=20, **options)
     mcmc = MCMC(kernel, num_warmup=200, num_samples=2000, num_chains=4, chain_method="vectorized",
                 progress_bar=False)  # fmt: skip
     mcmc.run(jax.random.PRNGKey(2), jnp.asarray(X), jnp.asarray(Y))
     ratio = np.asarray(mcmc.get_extra_fields()["noise_ratio"])
-    assert 0.05 < np.median(ratio) < 0.2, np.median(ratio)
+    target = kernel.default_noise_ratio
+    assert 0.5 * target < np.median(ratio) < 2 * target, np.median(ratio)
     assert_sd_ratio_within(np.asarray(mcmc.get_samples(group_by_chain=True)["w"]), 0.8, 1.25)
 
 
@@ -90,7 +104,7 @@ def test_pyro_tuned_sgnht_samples_the_posterior():
     stats = pyro_backend.sample_stats(mcmc)
     step = stats["step_size"]
     assert np.all(step == step[0, 0])  # frozen after the warm-up
-    assert 0.5 < np.median(stats["noise_ratio"]) < 2
+    assert_noise_ratio_on_target(stats["noise_ratio"], step, kernel)
 
 
 def correlated_gaussian(backend):

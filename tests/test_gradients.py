@@ -4,6 +4,8 @@ error), their noise vanishes at the centre and is far smaller than the minibatch
 centre moves on schedule, sampling with each estimator matches the exact conjugate posterior within Monte
 Carlo error, and bad input gets a clear error."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -188,6 +190,51 @@ def test_bad_estimator_input(backend):
             kernel.init(jax.random.PRNGKey(0), 0, {"w": jnp.zeros(D)}, (jnp.asarray(X), jnp.asarray(Y)))
         else:
             kernel.setup(0, torch.tensor(X), torch.tensor(Y))
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend], ids=["numpyro", "pyro"])
+def test_tuned_momentum_kernels_take_svrg_by_default(backend):
+    """``gradient=None``: SVRG for SGHMC and SGNHT with a tuned step size on a model with a subsampled plate; the
+    minibatch gradient for the other kernels, a given step size, local Gibbs sites and a ``potential_fn``, and for a
+    model whose data has no subsampled plate (full-data steps; no error, as a given ``"svrg"`` raises) or, on
+    NumPyro, is streamed from the host (a full-data gradient would read every row each epoch)."""
+    model = numpyro_model if backend is np_backend else pyro_model
+    name = lambda kernel: kernel.gradient_estimator.name  # noqa: E731
+    assert [name(backend.SGHMC(model)), name(backend.SGNHT(model))] == ["svrg", "svrg"]
+    assert name(backend.SGNHT(model, gradient="minibatch")) == "minibatch"
+    for kernel in (backend.SGLD(model), backend.PSGLD(model), backend.CSGLD(model), backend.SGFS(model),
+                   backend.SGNHT(model, step_size=1e-4), backend.SGHMC(potential_fn=lambda z: 0.0),
+                   backend.SGNHT(model, gibbs_sites=["z"], gibbs_fn=lambda *a: None)):  # fmt: skip
+        assert name(kernel) == "minibatch", kernel
+    if backend is np_backend:
+        from ppl_sgmcmc.numpyro.streaming import HostArray, streamed
+
+        def full(X, y):
+            w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+            numpyro.sample("y", dist.Normal(X @ w, 1.0), obs=y)
+
+        key, args = jax.random.PRNGKey(0), (jnp.asarray(X), jnp.asarray(Y))
+        host = (HostArray(np.asarray(X), dtype=np.float32, shape=(None, D)), jnp.asarray(Y))
+        for model_, data, estimator in ((numpyro_model, args, "svrg"), (full, args, "minibatch"),
+                                        (streamed(numpyro_model), host, "minibatch")):  # fmt: skip
+            kernel = backend.SGNHT(model_)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the model without a subsampled plate is warned of
+                kernel._check_target(ModelTarget(model_, data, {}, key, True, "SGNHT"))
+            assert name(kernel) == estimator, model_
+    else:
+        from ppl_sgmcmc.pyro.potential import ModelTarget as PyroTarget
+
+        def full(X, y):
+            w = pyro.sample("w", pdist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+            pyro.sample("y", pdist.Normal(X @ w, 1.0).to_event(1), obs=y)
+
+        for model_, estimator in ((pyro_model, "svrg"), (full, "minibatch")):
+            kernel = backend.SGNHT(model_)
+            target = PyroTarget(model_, (torch.tensor(X), torch.tensor(Y)), {}, True, "SGNHT",
+                                pyro.infer.autoguide.init_to_sample, warn_no_plate=False)  # fmt: skip
+            kernel._check_target(target)
+            assert name(kernel) == estimator, model_
 
 
 @pytest.mark.parametrize("backend", [np_backend, pyro_backend])

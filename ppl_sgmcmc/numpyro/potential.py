@@ -492,6 +492,7 @@ class ModelTarget:
             )
         # the mean-score scale N (pSGLD, SGFS); with several subsampled plates the largest one
         self.data_size: int = max((size for size, _ in self.plate_sizes.values()), default=1)
+        self.streamed: bool = isinstance(model, streamed)
         self._check_full_data(model_args, model_kwargs, unchecked)
 
     def _check_sites(self, model_trace: Mapping[str, dict[str, Any]]) -> None:
@@ -908,6 +909,7 @@ class PotentialTarget:
         # stochastic if the second positional parameter has no default: `f(z, scale=1.0)` is an energy of z
         self.stochastic: bool = _model_checks.is_stochastic_potential(potential_fn, kernel_name, "rng_key")
         self.data_size: int = 1
+        self.streamed = False
 
     def initial_params(
         self,

@@ -427,6 +427,7 @@ class ModelTarget:
             )
         # the mean-score scale N (pSGLD, SGFS); with several subsampled plates the largest one
         self.data_size = max((size for size, _ in self.plate_sizes.values()), default=1)
+        self.streamed = False  # Pyro's data is on its device
         supports = {name: model_trace.nodes[name]["fn"].support for name in latents}
         self.latent_supports = supports
         shapes = {  # unconstrained shapes: a simplex of size k has k - 1 free coordinates
@@ -844,6 +845,7 @@ class PotentialTarget:
         # stochastic if the second positional parameter has no default: `f(z, scale=1.0)` is an energy of z
         self.stochastic = _model_checks.is_stochastic_potential(potential_fn, kernel_name, "generator")
         self.data_size = 1
+        self.streamed = False
         self.plate_sizes = {}
         self.deterministic_sites = []
         self.transforms = {}

@@ -94,6 +94,10 @@ class Target(Protocol):
     #: ``N`` of the largest subsampled plate (1 without one).
     @property
     def data_size(self) -> int: ...
+    #: Whether the data's rows are read from the host a minibatch at a time (NumPyro's ``streaming.streamed``), so that
+    #: a full-data gradient reads every row from there.
+    @property
+    def streamed(self) -> bool: ...
     #: ``{site: support}``, in the backend's constraints (``Any``: NumPyro's or Pyro's constraint classes).
     @property
     def latent_supports(self) -> Mapping[str, Any]: ...

@@ -453,7 +453,7 @@ STEP_KERNELS = {
     "SGFS": lambda: SGFS(plain, alpha=1.0, ridge=1e-2),
     "PSGLD": lambda: PSGLD(plain, step_size=1e-4),
     "CSGLD": lambda: CSGLD(plain, step_size=1e-4),
-    "SGHMC, tuned, dense mass": lambda: SGHMC(plain, dense_mass=True),
+    "SGHMC, tuned, dense mass": lambda: SGHMC(plain, dense_mass=True, gradient="minibatch"),
     "SGHMC, rejected steps": lambda: SGHMC(plain, step_size=30.0),
     "SGNHT, matrix thermostat": lambda: SGNHT(plain, step_size=1e-4, thermostat="matrix"),
     # a new centre every three steps, which the eager step moves and the graph takes as an input
