@@ -51,7 +51,6 @@ def assert_noise_ratio_on_target(ratio, step, kernel):
     capped = np.asarray(step == kernel.max_step_size)[..., 0]  # per chain
     median = np.median(np.asarray(ratio), axis=-1)
     assert np.all(median < 2) and np.all(capped | (median > 0.5)), (median, capped)
-    return capped
 
 
 def test_numpyro_tuned_sgnht_samples_the_posterior_and_freezes():
