@@ -431,9 +431,9 @@ class Algorithm(Generic[RuleStateT]):
     can_adapt_mass_reason: ClassVar[str] = ""
     #: The noise ratio a tuned step size aims at (see :mod:`ppl_sgmcmc.noise`): about the relative
     #: variance the gradient noise adds, for the rules that do not absorb it.
-    default_noise_ratio: ClassVar[float] = 0.1
+    default_noise_ratio: float = 0.1
     #: A run whose noise ratio exceeds this gets a warning (the step size is too large for the noise).
-    noise_ratio_limit: ClassVar[float] = 0.5
+    noise_ratio_limit: float = 0.5
     #: The gradient estimator (a name of :data:`ppl_sgmcmc.gradients.ESTIMATORS`) of a tuned step size where the
     #: model allows a variance-reduced one (``gradient=None``).
     tuned_gradient: ClassVar[str] = "minibatch"
@@ -625,15 +625,18 @@ class Algorithm(Generic[RuleStateT]):
         return cast(RuleStateT, self.rule.init(position, noise, **self._rule_kwargs(self.rule.init, i)))
 
     def rule_step(
-        self, position: Array, state: RuleStateT, grad_fn: GradFn, noise: Array, step_size: Scalar, i: StepIndex
+        self, position: Array, state: RuleStateT, grad_fn: GradFn, noise: Array, step_size: Scalar, i: StepIndex,
+        measured: NoiseState | None = None,
     ) -> tuple[Array, RuleStateT, StochasticGradient]:
         """One move of the rule with step size ``step_size`` at step ``i``: ``(new position, new rule state,
-        gradient)``."""
+        gradient)``. ``measured``: the chain's running estimate of the gradient noise (:mod:`ppl_sgmcmc.noise`), for a
+        rule that corrects for it (:class:`SGHMC`'s ``B̂``); the others ignore it."""
         hyper = self._rule_kwargs(self.rule.step, i)
         return self.rule.step(position, state, grad_fn, noise, step_size, **hyper)
 
     def _rule_step_recorded(
-        self, position: Array, state: RuleStateT, grad_fn: GradFn, noise: Array, step_size: Scalar, i: StepIndex
+        self, position: Array, state: RuleStateT, grad_fn: GradFn, noise: Array, step_size: Scalar, i: StepIndex,
+        measured: NoiseState | None = None,
     ) -> tuple[Array, RuleStateT, StochasticGradient, bool]:
         """:meth:`rule_step`, and whether the rule took its gradient at ``position`` itself (a Python bool,
         known when the step is traced: SGLD, pSGLD, SGFS and SGRLD pass their position to ``grad_fn``
@@ -644,7 +647,7 @@ class Algorithm(Generic[RuleStateT]):
             at.append(x)
             return grad_fn(x)
 
-        position_new, state, gradient = self.rule_step(position, state, recorded, noise, step_size, i)
+        position_new, state, gradient = self.rule_step(position, state, recorded, noise, step_size, i, measured)
         return position_new, state, gradient, at[0] is position
 
     def step_size_at(self, i: StepIndex) -> Scalar:  # pragma: no cover - each backend defines it
@@ -1033,19 +1036,21 @@ class Algorithm(Generic[RuleStateT]):
         return adaptation.adapt_init(pre, step_size, curvature, position, energy), rule_state
 
     def _move(self, position: Array, rule_state: RuleStateT, grad_fn: GradFn, noise: Array, step_size: Scalar,
-              i: StepIndex, adapt_state: AdaptationState) -> tuple[Array, RuleStateT, StochasticGradient, bool]:
+              i: StepIndex, adapt_state: AdaptationState,
+              measured: NoiseState | None = None) -> tuple[Array, RuleStateT, StochasticGradient, bool]:  # fmt: skip
         """One move of the rule from ``position`` with step size ``step_size``, in the preconditioned
         coordinates ``u = L⁻¹ θ`` with ``adapt_mass_matrix`` (``θ`` then moves by ``L (u' - u)``): ``(new position,
         rule state, gradient (in the rule's coordinates), whether the rule took its gradient at the position)`` (see
-        :meth:`_rule_step_recorded`). A cyclical kernel's exploration stage injects no noise (``ζ = 0``)."""
+        :meth:`_rule_step_recorded`). A cyclical kernel's exploration stage injects no noise (``ζ = 0``).
+        ``measured``: the chain's noise estimate (:meth:`rule_step`), in the rule's coordinates."""
         if self._cycles is not None:
             noise = noise * self._cycles.sampling(i, self._num_warmup_steps, self._steps_per_sample)  # type: ignore[assignment]
         if not self._preconditioned:
-            return self._rule_step_recorded(position, rule_state, grad_fn, noise, step_size, i)
+            return self._rule_step_recorded(position, rule_state, grad_fn, noise, step_size, i, measured)
         pre = cast(adaptation.AdaptState, adapt_state).preconditioner  # a preconditioned rule's warm-up adapts
         u = adaptation.to_u(pre, position)
         new_u, rule_state, gradient, at_start = self._rule_step_recorded(
-            u, rule_state, adaptation.pullback_grad_fn(pre, grad_fn), noise, step_size, i
+            u, rule_state, adaptation.pullback_grad_fn(pre, grad_fn), noise, step_size, i, measured
         )
         # θ moves by L (u' - u), not to L u': the stored L and L⁻¹ are inverses only to float32's precision (L L⁻¹ =
         # I + E, E up to ~1e-5 for an ill-conditioned Laplace metric), and θ ← L L⁻¹ θ + ... at every step multiplies
@@ -1286,27 +1291,55 @@ class _SGHMCMoves(Algorithm[RuleStateT]):
         self.integrator = self._options["integrator"]
 
 
+#: The noise-ratio limit of a rule that absorbs the gradient noise's variance coordinate by coordinate (mSGNHT's
+#: multivariate thermostat, SGHMC with ``absorb_noise``): what is left biases the draws only through the noise's
+#: correlations between coordinates and to second order in the step.
+ABSORBED_NOISE_LIMIT = 5.0
+
+#: What a rule that absorbs the noise coordinate by coordinate leaves of it, for the noise-ratio warning.
+_CORRELATIONS_LEFT = (
+    "the noise's variance along each coordinate of the metric but not its correlations between coordinates, which "
+    "spread the draws too wide along some directions and too narrow along others (SGNHT(thermostat=\"matrix\") "
+    "absorbs the correlations too, for an eigendecomposition of a d × d matrix a step: up to a few hundred coordinates)"
+)
+#: The noise-ratio warning's diagnosis for SGHMC with ``absorb_noise`` (:attr:`SGHMC.noise_bias`).
+_ABSORBED_NOISE_BIAS = "the friction absorbs (B̂) " + _CORRELATIONS_LEFT
+
+
 class SGHMC(_SGHMCMoves[sghmc_rule.SGHMCState]):
     """Stochastic gradient HMC (Chen, Fox & Guestrin, "Stochastic Gradient Hamiltonian Monte Carlo",
     ICML 2014) with identity mass, integrated by Euler or by the second-order symmetric splitting of
     Chen, Ding & Carin ("On the Convergence of Stochastic Gradient MCMC Algorithms with High-Order
-    Integrators", NeurIPS 2015).
+    Integrators", NeurIPS 2015), with the friction ``C = A + B̂``.
 
     Euler::
 
         θ ← θ + h p
-        p ← p - h ∇Ũ_t(θ) - h A p + sqrt(2 A h τ) ζ
+        p ← p - h ∇Ũ_t(θ) - h C p + sqrt(2 A h τ) ζ
 
     Splitting (A-B-O-B-A)::
 
-        θ ← θ + (h/2) p;  p ← exp(-A h/2) p;  p ← p - h ∇Ũ_t(θ) + sqrt(2 A h τ) ζ;
-        p ← exp(-A h/2) p;  θ ← θ + (h/2) p
+        θ ← θ + (h/2) p;  p ← exp(-C h/2) p;  p ← p - h ∇Ũ_t(θ) + sqrt(2 A h τ) ζ;
+        p ← exp(-C h/2) p;  θ ← θ + (h/2) p
+
+    ``B̂`` is Chen, Fox & Guestrin's estimate of the stochastic gradient's own diffusion: their update injects
+    ``2(C - B̂)hτ`` for a friction ``C``, so that the injected noise and the gradient's together match the friction.
+    With ``absorb_noise`` it is ``B̂_k = h V̂_kk/(2τ)`` per coordinate of the metric, from the chain's running estimate
+    ``V̂`` of the gradient noise's variances (:mod:`ppl_sgmcmc.noise`, whose noise ratio is then about ``max_k B̂_k/A``;
+    less the share of the chain's own motion in that estimate, :meth:`rule_step`), and the friction grows to absorb
+    it; without, ``B̂ = 0`` and the noise the gradient adds is left in the draws (the algorithm as most of its users
+    run it).
 
     :param step_size: ``h``, a float or a schedule. In SGD-with-momentum terms, learning rate ``h²``
         and momentum decay ``1 - A h``.
     :param friction: ``A > 0`` (default 1.0), which is also the injected noise's diffusion; a float
         or a schedule.
     :param integrator: ``"splitting"`` (default) or ``"euler"``.
+    :param absorb_noise: whether the friction absorbs the measured gradient noise (``B̂`` above). ``None``
+        (default): when the step size is tuned. The tuned step keeps SGHMC's target noise ratio (at the thermostat's
+        larger one the correction over-absorbs a network's noise and the draws come out too narrow), and the
+        noise-ratio warning takes the limit of a rule that absorbs the noise's variances (:class:`SGNHT`'s
+        multivariate thermostat, which absorbs them in its own way).
     :param temperature: ``τ`` (default 1).
 
     Other arguments: see :class:`Algorithm`.
@@ -1318,17 +1351,68 @@ class SGHMC(_SGHMCMoves[sghmc_rule.SGHMCState]):
     # where the chain travels; SVRG removes most of that noise, and the step it lets the tuning take pays its cost
     tuned_gradient = "svrg"
 
+    def __init__(
+        self,
+        model: Callable[..., Any] | None = None,
+        potential_fn: Callable[..., Any] | None = None,
+        *,
+        step_size: float | Schedule | None = None,
+        friction: float | Schedule = 1.0,
+        integrator: str = "splitting",
+        absorb_noise: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._absorb_noise = step_size is None if absorb_noise is None else _checks.boolean(
+            "absorb_noise", absorb_noise, type(self).__name__
+        )
+        if self._absorb_noise:  # the bias left is that of the noise's correlations, as for mSGNHT's thermostat
+            self.noise_ratio_limit = ABSORBED_NOISE_LIMIT
+        super().__init__(model, potential_fn, step_size=step_size, friction=friction, integrator=integrator, **kwargs)
+
     def noise_scale(self, rule_state: sghmc_rule.SGHMCState, i: StepIndex, position: Array) -> Scalar:
         """``1/A``: the injected noise's variance is ``2Ahτ``."""
         return cast(Scalar, 1 / self.hyperparameters_at(i)["friction"])
 
+    def rule_step(
+        self, position: Array, state: sghmc_rule.SGHMCState, grad_fn: GradFn, noise: Array, step_size: Scalar,
+        i: StepIndex, measured: NoiseState | None = None,
+    ) -> tuple[Array, sghmc_rule.SGHMCState, StochasticGradient]:  # fmt: skip
+        """:meth:`Algorithm.rule_step` with ``B̂_k = h (A (c ⊙ diag V̂)_k - h² τ/2)₊ / (2τ)`` (``c = 1/A``,
+        :meth:`noise_scale`) from the running estimate ``measured``, where ``absorb_noise``; 0 before it measured
+        anything. The estimate differences consecutive gradients (:mod:`ppl_sgmcmc.noise`), which also differ by the
+        exact gradient's change between their points, ``H h p``: ``h² τ/2`` a coordinate at the unit curvature of the
+        metric's coordinates is that share, taken off so that a step at the discretisation's cap, where the noise is
+        small, does not absorb its own motion and cool the draws."""
+        hyper = self._rule_kwargs(self.rule.step, i)
+        if self._absorb_noise and measured is not None:
+            xp = array_namespace(measured.variance)
+            tau = hyper["temperature"]
+            excess = hyper["friction"] * measured.variance - step_size**2 * tau / 2
+            b_hat = step_size * xp.clip(excess, 0.0, None) / (2 * tau)
+            hyper["gradient_noise"] = xp.where(measured.count > 0, b_hat, xp.zeros_like(b_hat))
+        rule: RuleModule = self.rule
+        return cast(
+            "tuple[Array, sghmc_rule.SGHMCState, StochasticGradient]",
+            rule.step(position, state, grad_fn, noise, step_size, **hyper),
+        )
+
+    @property
+    def noise_bias(self) -> str | None:
+        """With ``absorb_noise``, what the friction leaves of the noise: its correlations."""
+        return _ABSORBED_NOISE_BIAS if self._absorb_noise else None
+
+    def tuned_options(self, state: object, chain: int | None = None) -> dict[str, Any]:
+        """:meth:`Algorithm.tuned_options`, and ``absorb_noise=True`` where the run absorbed the noise (a kernel given
+        a step size does not by default)."""
+        options = super().tuned_options(state, chain)
+        if self._absorb_noise:
+            options["absorb_noise"] = True
+        return options
+
 
 #: The noise-ratio warning's diagnosis for each of SGNHT's thermostats (:attr:`SGNHT.noise_bias`).
 _THERMOSTAT_NOISE_BIAS = {
-    "multivariate": "the thermostat absorbs the noise's variance along each coordinate of the metric but not its "
-    "correlations between coordinates, which spread the draws too wide along some directions and too narrow along "
-    "others (`thermostat=\"matrix\"` absorbs the correlations too, for an eigendecomposition of a d × d matrix a step: "
-    "up to a few hundred coordinates)",
+    "multivariate": "the thermostat absorbs " + _CORRELATIONS_LEFT,
     "scalar": "the scalar thermostat absorbs the noise's mean variance over the coordinates, which spreads the draws "
     "too wide along the noisiest coordinates and too narrow along the quietest (the default "
     "`thermostat=\"multivariate\"` absorbs each coordinate's)",
@@ -1383,8 +1467,7 @@ class SGNHT(Algorithm[sgnht_rule.SGNHTState]):
     max_step_size = 0.5
     # the thermostat absorbs the gradient noise (ξ ≈ D + h V/2), so the tuned step may let it exceed the
     # injected noise; far beyond, the multivariate thermostat's per-coordinate correction misses correlated noise
-    default_noise_ratio = 1.0
-    noise_ratio_limit = 5.0
+    default_noise_ratio, noise_ratio_limit = 1.0, ABSORBED_NOISE_LIMIT
     tuned_gradient = "svrg"  # as SGHMC's: the multivariate thermostat absorbs the noise's variances, not its correlations
 
     def noise_scale(self, rule_state: sgnht_rule.SGNHTState, i: StepIndex, position: Array) -> Scalar:

@@ -19,7 +19,7 @@ import torch
 from array_api_compat import array_namespace
 from numpyro.infer import MCMC
 
-from ppl_sgmcmc import _checks, algorithms
+from ppl_sgmcmc import _checks, algorithms, noise
 from ppl_sgmcmc import numpyro as np_backend
 from ppl_sgmcmc import pyro as pyro_backend
 from ppl_sgmcmc.algorithms import call_kwargs
@@ -215,6 +215,55 @@ def test_sgnht_restarts_its_thermostat_at_the_diffusion(backend, thermostat):
     np.testing.assert_allclose(np.asarray(restarted.momentum), [1.0, -2.0, 4.0])
     expected = {"multivariate": np.full(3, 1.5), "scalar": 1.5, "matrix": 1.5 * np.eye(3)}[thermostat]
     np.testing.assert_allclose(np.asarray(restarted.thermostat), expected)
+
+
+@pytest.mark.parametrize("backend", [np_backend, pyro_backend])
+def test_sghmc_absorbs_the_measured_noise_with_a_tuned_step(backend):
+    """``absorb_noise=None``: SGHMC's friction absorbs the measured gradient noise where the step size is tuned, not
+    where it is given (the algorithm as most users run it), and either way when asked; its warning then takes the
+    limit and the diagnosis of a rule that absorbs the noise's variances. A move adds
+    ``B̂ = h (A (c ⊙ diag V̂) - h²τ/2)₊/(2τ)`` (``c = 1/A``) to the friction: the rule's own step given that ``B̂``
+    (the motion's share ``h²τ/2`` taken off, none left where it is all of the estimate), and the plain step before
+    anything was measured (``count ≤ 0``)."""
+    potential = lambda z: 0.0  # noqa: E731
+    tuned, given = backend.SGHMC(potential_fn=potential), backend.SGHMC(potential_fn=potential, step_size=0.1)
+    assert (tuned._absorb_noise, given._absorb_noise) == (True, False)
+    assert backend.SGHMC(potential_fn=potential, step_size=0.1, absorb_noise=True)._absorb_noise
+    assert not backend.SGHMC(potential_fn=potential, absorb_noise=False)._absorb_noise
+    assert (tuned.noise_ratio_limit, given.noise_ratio_limit) == (algorithms.ABSORBED_NOISE_LIMIT, 0.5)
+    assert tuned.default_noise_ratio == given.default_noise_ratio == 0.1
+    assert "friction absorbs" in tuned.noise_bias and given.noise_bias is None
+    with pytest.raises(TypeError, match="absorb_noise"):
+        backend.SGHMC(potential_fn=potential, absorb_noise="yes")
+
+    kernel = backend.SGHMC(potential_fn=potential, step_size=0.1, friction=1.5, temperature=2.0, absorb_noise=True)
+    to_array = jnp.asarray if backend is np_backend else torch.as_tensor
+    x, p, zeta = (to_array(np.array(v, np.float32)) for v in ([0.5, -1.0], [1.0, 0.3], [0.2, -0.4]))
+    variance = to_array(np.array([0.002, 40.0], np.float32))  # A c V = 0.003 < h²τ/2 = 0.01: no B̂
+    grad_fn = lambda u: algorithms.StochasticGradient(energy=(u * u).sum() / 2, grad=u, score=-u)  # noqa: E731
+    state = kernel.rule.SGHMCState(p)
+    for count, b_hat in ((5, 0.1 * np.array([0.0, 1.5 * 40.0 - 0.01]) / 4), (0, np.zeros(2))):
+        measured = noise.NoiseState(x, variance, to_array(np.array(count, np.int32)))
+        moved, moved_state, _ = kernel.rule_step(x, state, grad_fn, zeta, 0.1, 0, measured)
+        expected, expected_state, _ = kernel.rule.step(x, state, grad_fn, zeta, 0.1, friction=1.5, temperature=2.0,
+                                                      gradient_noise=to_array(b_hat.astype(np.float32)))  # fmt: skip
+        np.testing.assert_allclose(np.asarray(moved), np.asarray(expected), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(moved_state.momentum), np.asarray(expected_state.momentum), rtol=1e-6)
+    plain = kernel.rule.step(x, state, grad_fn, zeta, 0.1, friction=1.5, temperature=2.0)[1].momentum
+    assert np.abs(np.asarray(moved_state.momentum) - np.asarray(plain)).max() < 1e-7
+    absorbed = kernel.rule_step(x, state, grad_fn, zeta, 0.1, 0, noise.NoiseState(x, variance, to_array(np.array(5))))
+    change = np.abs(np.asarray(absorbed[1].momentum) - np.asarray(plain))
+    assert change[0] < 1e-7 and change[1] > 1e-3  # the friction grew where the noise exceeds the motion's share
+
+
+def test_sghmc_tuned_options_keep_the_absorbed_noise():
+    """The options a tuned SGHMC run gives back name ``absorb_noise=True``: its tuned step passed alone would run
+    without the correction it was tuned with."""
+    mcmc = MCMC(np_backend.SGHMC(potential_fn=lambda z: 0.5 * jnp.sum(z["x"] ** 2)), num_warmup=300, num_samples=10,
+                progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones(2)})
+    options = mcmc.sampler.tuned_options(mcmc.last_state)
+    assert options["absorb_noise"] is True and np_backend.SGHMC(potential_fn=lambda z: 0.0, **options)._absorb_noise
 
 
 # --- the warm-up's run-offs ------------------------------------------------------------------------------------

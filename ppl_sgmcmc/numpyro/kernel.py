@@ -996,7 +996,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
         noise_draw = random.normal(prng.unrolled(key_noise), self.noise_shape(flat.shape[0]), flat.dtype)
         step_size = jnp.asarray(self.step_size_in(state.adapt_state, state.i), flat.dtype)
         new_flat, rule_state, gradient, at_start = self._move(
-            flat, start_rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state
+            flat, start_rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state, state.noise
         )
         # a non-finite gradient reaches the new position through every rule
         finite = _all_finite((gradient.energy, new_flat, rule_state)) & (step_size > 0)

@@ -662,7 +662,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             return self._take_compiled_step(compiled, batch, batch_state, gradient_state, step_size, noise_draw)
         if step_size > 0:  # a schedule gone non-positive or NaN: the step is rejected (and reported)
             new_flat, rule_state, gradient, at_start = self._move(
-                flat, state.rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state
+                flat, state.rule_state, grad_fn, noise_draw, step_size, state.i, state.adapt_state, state.noise
             )
             new_energy = gradient.energy
             finite = bool(torch.isfinite(_finiteness_sum(new_energy, new_flat, rule_state)))
@@ -789,7 +789,7 @@ class SGMCMCKernel(Algorithm, MCMCKernel):
             grad_fn = self._estimator.estimate(estimator_state, flat, minibatch_grad_fn, i)[0]
             old_rule = rebuild_rule(rule_tensors)
             new_flat, rule_state, gradient, at_start = self._move(
-                flat, old_rule, grad_fn, noise_draw, step_size, i, rebuild_adapt(adapt_tensors)
+                flat, old_rule, grad_fn, noise_draw, step_size, i, rebuild_adapt(adapt_tensors), noise_state
             )
             new_rule = _tensor_leaves(rule_state)
             if has_momentum(old_rule):  # what a rejected step keeps: a fresh momentum

@@ -158,9 +158,17 @@ def splitting(position, momentum, grad_fn, noise, step_size, friction, diffusion
 INTEGRATORS = {"euler": euler, "splitting": splitting}
 
 
-def step(position, state, grad_fn, noise, step_size, friction, integrator="splitting", temperature=1.0):
-    """One SGHMC step with friction ``A`` (the diffusion equals the friction), by :func:`splitting`
+def step(position, state, grad_fn, noise, step_size, friction, integrator="splitting", temperature=1.0,
+         gradient_noise=0.0):
+    """One SGHMC step with friction ``C = A + B̂`` and injected noise ``2 A h τ``, by :func:`splitting`
     (default) or :func:`euler`.
+
+    ``B̂`` (``gradient_noise``) is Chen, Fox & Guestrin's estimate of the stochastic gradient's own diffusion,
+    ``h V/(2τ)`` for a gradient noise of covariance ``V``: their SGHMC injects ``2(C - B̂)hτ`` with a friction
+    ``C``, so that the injected and the gradient's noise together match the friction and the chain keeps the
+    posterior. Here the injected noise stays ``2Ahτ`` and the friction grows to ``C = A + B̂``, which any ``B̂ ≥ 0``
+    allows. With ``B̂ = 0`` (the default) it is the algorithm as most of its users run it (the diffusion equals
+    the friction ``A``).
 
     :param position: ``θ``, a flat array (``jax.numpy`` or ``torch``).
     :param state: the :class:`SGHMCState` (the momentum ``p``).
@@ -170,10 +178,12 @@ def step(position, state, grad_fn, noise, step_size, friction, integrator="split
     :param friction: ``A > 0``, a scalar or an array of the shape of ``θ``.
     :param integrator: ``"splitting"`` (default) or ``"euler"``.
     :param temperature: ``τ`` (default 1).
+    :param gradient_noise: ``B̂ ≥ 0``, a scalar or an array of the shape of ``θ`` (default 0).
     :return: ``(new position, new state, gradient)``; the gradient is taken at the integrator's point
         (the midpoint for splitting, the new position for Euler).
 
-    **Example** (one step on ``U(x) = |x|²/2``, with ``jax.numpy`` and with ``torch`` arrays)::
+    **Example** (one step on ``U(x) = |x|²/2``, with ``jax.numpy`` and with ``torch`` arrays; a ``B̂`` adds to the
+    friction alone)::
 
         >>> import jax.numpy as jnp, torch
         >>> from ppl_sgmcmc.rules import StochasticGradient, sghmc
@@ -188,8 +198,12 @@ def step(position, state, grad_fn, noise, step_size, friction, integrator="split
         >>> z = torch.tensor([0.5, -0.5])
         >>> sghmc.step(t, sghmc.init(t, z), grad_fn, z, step_size=0.1, friction=1.0)[0]
         tensor([ 1.0534, -2.0486])
+        >>> x, noise = jnp.array([1.0, -2.0]), jnp.array([0.5, -0.5])
+        >>> _, damped, _ = sghmc.step(x, sghmc.init(x, noise), grad_fn, noise, 0.1, friction=1.0, gradient_noise=1.0)
+        >>> [round(v, 4) for v in damped.momentum.tolist()]
+        [0.5189, -0.4285]
     """
     position, momentum, gradient = INTEGRATORS[integrator](
-        position, state.momentum, grad_fn, noise, step_size, friction, friction, temperature
+        position, state.momentum, grad_fn, noise, step_size, friction + gradient_noise, friction, temperature
     )
     return position, SGHMCState(momentum), gradient

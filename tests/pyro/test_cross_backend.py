@@ -107,6 +107,8 @@ CASES = {
     "sgld-schedule-tempered": ("SGLD", dict(step_size=polynomial(0.1, 1.0, 0.55), temperature=0.5)),
     "sghmc-splitting": ("SGHMC", dict(step_size=0.1, friction=1.5)),
     "sghmc-euler": ("SGHMC", dict(step_size=0.1, friction=1.5, integrator="euler", temperature=2.0)),
+    # the friction absorbs the noise each backend measures from the gradients' differences (B̂)
+    "sghmc-absorb-noise": ("SGHMC", dict(step_size=0.1, friction=1.5, absorb_noise=True, temperature=2.0)),
     "sgnht-splitting": ("SGNHT", dict(step_size=0.1, diffusion=1.0)),
     "sgnht-euler": ("SGNHT", dict(step_size=0.1, diffusion=1.0, integrator="euler")),
     "sgnht-scalar-splitting": ("SGNHT", dict(step_size=polynomial(0.2, 1.0, 0.3), diffusion=0.5, thermostat="scalar")),
