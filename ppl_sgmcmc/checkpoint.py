@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ppl_sgmcmc import _checks, verdict
+from ppl_sgmcmc import _checks, gradients, verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     import arviz as az
@@ -314,6 +314,7 @@ def _run_numpyro(mcmc: Any, args: tuple, kwargs: dict, options: _Options) -> Non
     }
     data = _fingerprint(model_args, kwargs)
     done, chunks, state, _ = _resume(options, config, total, data)
+    _check_estimator(mcmc.sampler, state, options.directory)
     sample_field = attrgetter(mcmc.sampler.sample_field)
     user_state = mcmc.post_warmup_state
     try:
@@ -373,6 +374,7 @@ def _run_pyro(mcmc: Any, args: tuple, kwargs: dict, options: _Options) -> None:
     }
     data = _fingerprint(args, kwargs)
     done, chunks, state, diagnostics = _resume(options, config, total, data)
+    _check_estimator(kernel, state, options.directory)
     try:
         while done < total:
             n = min(options.every, total - done)
@@ -441,6 +443,25 @@ def _resume(options: _Options, config: dict, total: int, data: list[dict]) -> tu
         _read_chunk(directory, entry, checksums)
     saved = _read_state(directory, manifest["state"])
     return manifest["num_draws"], manifest["chunks"], saved["state"], saved["diagnostics"]
+
+
+def _check_estimator(kernel: Any, state: Any, directory: Path) -> None:
+    """The saved chain (``state``; ``None``: nothing saved) took its gradients with an estimator of the kernel's kind:
+    one with a centre (``"svrg"``, ``"control_variates"``) or the minibatch gradient, which keeps no state. Another
+    kind's state does not fit the kernel's step."""
+    if state is None:
+        return
+    centred = isinstance(getattr(state, "state", state).gradient_state, gradients.Centre)
+    estimator = kernel.gradient_estimator
+    if centred == estimator.needs_full_gradient:
+        return
+    saved = "an estimator with a centre ('svrg' or 'control_variates')" if centred else "the minibatch gradient"
+    raise ValueError(
+        f"checkpoint.run: the chain in {os.fspath(directory)!r} took its gradients with {saved}, but this kernel "
+        f"takes them with {estimator.name!r}: build the kernel with the run's `gradient` to continue its chain "
+        "(SGHMC's and SGNHT's default with a tuned step size is 'svrg' where the model allows it; a run of theirs "
+        "with the minibatch gradient continues with gradient='minibatch')."
+    )
 
 
 def _save_chunk(

@@ -220,7 +220,7 @@ class Verdict:
         if self.parameters_rhat is not None:
             rhat, of = self.parameters_rhat
             seen.append(
-                f"{chains} on the parameters (R-hat {rhat:.3f} on {of}, above {RHAT_LIMIT}) but agree on the "
+                f"{chains} on the parameters ({_rhat_text(rhat, of)}) but agree on the "
                 f"predictions (R-hat at most {self.rhat:.3f}): if the model "
                 "has symmetries (a network's hidden units can be permuted, a mixture's labels switched), each chain "
                 "holds its own copy of one posterior, whose predictions can be trusted and whose parameters' summaries "
@@ -233,7 +233,7 @@ class Verdict:
             if not (self.unmixed or self.too_few or self.drifting):  # else the advice below says it
                 fixes.append("for a model without symmetries, " + self._run_longer())
         if self.unmixed:
-            seen.append(f"{chains} (R-hat {self.rhat:.3f} on {self.rhat_of}, above {RHAT_LIMIT})")
+            seen.append(f"{chains} ({_rhat_text(self.rhat, self.rhat_of)})")
         if self.too_few:
             seen.append(
                 f"only {min(self.ess_bulk, self.ess_tail):.0f} effective draws (bulk {self.ess_bulk:.0f}, tail "
@@ -349,6 +349,28 @@ def _halves(quantities: np.ndarray) -> np.ndarray:
     """One chain ``(1, draws, k)`` as its two halves ``(2, draws // 2, k)`` (ArviZ needs two chains)."""
     half = quantities.shape[1] // 2
     return quantities[:, : 2 * half].reshape(2, half, quantities.shape[-1])
+
+
+#: An R-hat above this is read as chains that hold (nearly) one value each, apart from each other: its digits say
+#: nothing (ArviZ's R-hat divides by a within-chain variance of zero up to rounding).
+RHAT_UNBOUNDED = 1e3
+
+
+def _rhat_text(rhat: float, of: str) -> str:
+    """The R-hat of the quantity ``of`` against :data:`RHAT_LIMIT`, or for one above :data:`RHAT_UNBOUNDED` what it
+    means.
+
+    **Example**::
+
+        >>> from ppl_sgmcmc.verdict import _rhat_text
+        >>> _rhat_text(1.2345, "theta[2]")
+        'R-hat 1.234 on theta[2], above 1.01'
+        >>> _rhat_text(3.5e15, "prediction[3]")
+        'R-hat unbounded on prediction[3]: each chain nearly constant there, the chains apart'
+    """
+    if rhat > RHAT_UNBOUNDED:
+        return f"R-hat unbounded on {of}: each chain nearly constant there, the chains apart"
+    return f"R-hat {rhat:.3f} on {of}, above {RHAT_LIMIT}"
 
 
 def _diagnostics(quantities: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -540,7 +562,8 @@ def _statistics(values: np.ndarray, energy: np.ndarray | None, judged: str) -> d
     energy = None if energy is None else _thinned(energy, selected.shape[1])
     quantities, names, drifting = _watched(selected, index, energy, judged)
     rhat, bulk, tail = _diagnostics(quantities)
-    rhat = np.where(np.isfinite(rhat), rhat, 1.0)  # a constant quantity: nothing to compare
+    # a quantity constant in every chain: nothing to compare (NaN); constant in each chain but not across them: R-hat ∞
+    rhat = np.where(np.isnan(rhat), 1.0, rhat)
     worst = int(np.argmax(rhat))
     drift = _drift(quantities[..., drifting]).max(axis=0)
     worst_drift = int(np.argmax(drift))

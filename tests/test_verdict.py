@@ -59,6 +59,23 @@ def test_chains_stuck_apart_are_unmixed():
     assert result.unmixed and not result.ok and result.rhat > 1.5
 
 
+def test_chains_each_constant_and_apart_are_unmixed_and_said_so():
+    """A quantity constant within each chain and different between them (a prediction of chains frozen in different
+    places): ArviZ's R-hat is infinite (a within-chain variance of zero; about 1e15 where rounding leaves one), which
+    must count as chains that disagree, not as a constant with nothing to compare, and the message says what it means
+    rather than print the number. A quantity constant in every chain is left out (R-hat NaN: nothing to compare)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 1000, 3)).astype(np.float32)
+    x[..., 1] = np.float32(0.1) * np.arange(4, dtype=np.float32)[:, None]
+    x[..., 2] = 1.0
+    result = verdict.assess(x, judge="predictions", predictions=x)
+    assert result.unmixed and result.rhat == np.inf and result.rhat_of == "prediction[1]", result
+    message = result.message("SGNHT")
+    assert "R-hat unbounded on prediction[1]: each chain nearly constant there, the chains apart" in message, message
+    assert "inf" not in message and "e+" not in message, message
+    assert verdict.assess(x[..., [0, 2]], judge="predictions", predictions=x[..., [0, 2]]).ok
+
+
 def test_one_chain_that_moved_between_its_halves_is_unmixed():
     x = np.random.default_rng(0).normal(size=(1, 2000, 2))
     x[0, 1000:, 1] += 3.0

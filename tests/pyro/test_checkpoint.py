@@ -148,6 +148,22 @@ def test_checkpoint_checks_its_run(logistic_data, tmp_path):
         kernel.resume_from = kernel.last_state.state
 
 
+def test_a_chain_continues_only_with_its_kind_of_gradient_estimator(logistic_data, tmp_path):
+    """A chain saved with SVRG's gradient does not continue with the minibatch one (their estimators' states differ):
+    a clear error naming the option, before anything runs; with the run's `gradient` it continues."""
+    def make(gradient, num_samples):
+        kernel = SGLD(logistic_model, step_size=1e-3, gradient=gradient, compile_potential=False)
+        return MCMC(kernel, warmup_steps=5, num_samples=num_samples, disable_progbar=True)
+
+    pyro.set_rng_seed(0)
+    checkpoint.run(make("svrg", 20), *logistic_data, checkpoint=tmp_path, checkpoint_every=10)
+    with pytest.raises(ValueError, match="took its gradients with an estimator with a centre.*'minibatch'.*`gradient`"):
+        checkpoint.run(make("minibatch", 30), *logistic_data, checkpoint=tmp_path, checkpoint_every=10)
+    longer = make("svrg", 30)  # the saved chain goes on
+    checkpoint.run(longer, *logistic_data, checkpoint=tmp_path, checkpoint_every=10)
+    assert longer.get_samples()["w"].shape == (30, 2)
+
+
 def test_last_state_survives_cleanup_and_pickling():
     kernel = SGNHT(potential_fn=energy, step_size=0.1)
     kernel.initial_params = {"x": torch.ones(2)}
