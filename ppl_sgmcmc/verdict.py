@@ -81,6 +81,7 @@ __all__ = [
     "PREDICTION_DRAWS",
     "RHAT_LIMIT",
     "RHAT_SEVERE",
+    "RHAT_UNBOUNDED",
     "SEVERE",
     "SHORT",
     "SYMMETRIC",
@@ -94,6 +95,9 @@ __all__ = [
 RHAT_LIMIT = 1.01
 #: Above this R-hat (Gelman & Rubin's old threshold) the chains have not met at all, rather than too few times.
 RHAT_SEVERE = 1.1
+#: An R-hat above this is read as chains that hold (nearly) one value each, apart from each other: its digits say
+#: nothing (ArviZ's R-hat divides by a within-chain variance of zero up to rounding).
+RHAT_UNBOUNDED = 1e3
 #: The fewest bulk and tail effective draws per chain of a run that passes (Vehtari et al. 2021: 100 per chain).
 ESS_PER_CHAIN = 100
 #: The leading principal directions of the pooled standardised draws that are watched.
@@ -349,11 +353,6 @@ def _halves(quantities: np.ndarray) -> np.ndarray:
     """One chain ``(1, draws, k)`` as its two halves ``(2, draws // 2, k)`` (ArviZ needs two chains)."""
     half = quantities.shape[1] // 2
     return quantities[:, : 2 * half].reshape(2, half, quantities.shape[-1])
-
-
-#: An R-hat above this is read as chains that hold (nearly) one value each, apart from each other: its digits say
-#: nothing (ArviZ's R-hat divides by a within-chain variance of zero up to rounding).
-RHAT_UNBOUNDED = 1e3
 
 
 def _rhat_text(rhat: float, of: str) -> str:
