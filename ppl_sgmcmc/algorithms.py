@@ -636,7 +636,7 @@ class Algorithm(Generic[RuleStateT]):
 
     def _rule_step_recorded(
         self, position: Array, state: RuleStateT, grad_fn: GradFn, noise: Array, step_size: Scalar, i: StepIndex,
-        measured: NoiseState | None = None,
+        measured: NoiseState,
     ) -> tuple[Array, RuleStateT, StochasticGradient, bool]:
         """:meth:`rule_step`, and whether the rule took its gradient at ``position`` itself (a Python bool,
         known when the step is traced: SGLD, pSGLD, SGFS and SGRLD pass their position to ``grad_fn``
@@ -1037,7 +1037,7 @@ class Algorithm(Generic[RuleStateT]):
 
     def _move(self, position: Array, rule_state: RuleStateT, grad_fn: GradFn, noise: Array, step_size: Scalar,
               i: StepIndex, adapt_state: AdaptationState,
-              measured: NoiseState | None = None) -> tuple[Array, RuleStateT, StochasticGradient, bool]:  # fmt: skip
+              measured: NoiseState) -> tuple[Array, RuleStateT, StochasticGradient, bool]:  # fmt: skip
         """One move of the rule from ``position`` with step size ``step_size``, in the preconditioned
         coordinates ``u = L⁻¹ θ`` with ``adapt_mass_matrix`` (``θ`` then moves by ``L (u' - u)``): ``(new position,
         rule state, gradient (in the rule's coordinates), whether the rule took its gradient at the position)`` (see
