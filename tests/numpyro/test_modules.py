@@ -157,12 +157,29 @@ def test_linear_network_predictive_matches_conjugate(data):
     assert_mc_close("predictive sd", sd, np.sqrt(np.einsum("ij,jk,ik->i", features, cov, features)), sd_mcse)
 
 
-def _draws(kind, num_draws, seed=0):
-    """Prior draws of the network's parameters (the latent sites), ``{site: (num_draws, ...)}``."""
-    prior = Predictive(full_data(_model(kind)), num_samples=num_draws)(jax.random.PRNGKey(seed), jnp.zeros((3, 2)))
+# the most prior draws a test takes (`test_batched_predictive_memory_is_bounded`)
+_PRIOR_DRAWS = 37
+
+
+@functools.cache
+def _prior(kind):
+    """:data:`_PRIOR_DRAWS` prior draws of the network's parameters (the latent sites), ``{site: (draws, ...)}``: one
+    compiled ``Predictive`` per kind, which the tests below take their draws from (:func:`_draws`)."""
+    prior = Predictive(full_data(_model(kind)), num_samples=_PRIOR_DRAWS)(jax.random.PRNGKey(0), jnp.zeros((3, 2)))
     return {name: value for name, value in prior.items() if name.startswith("net/")}
 
 
+def _draws(kind, num_draws):
+    """The first ``num_draws`` prior draws of the network's parameters, ``{site: (num_draws, ...)}``: any draws serve
+    the tests below, which compare two evaluations at the same draws or check shapes and refusals."""
+    return {name: value[:num_draws] for name, value in _prior(kind).items()}
+
+
+# the tests that take prior draws run on one pytest-xdist worker (`--dist loadgroup`), which draws them once per kind
+on_prior_draws = pytest.mark.xdist_group("numpyro_modules_prior_draws")
+
+
+@on_prior_draws
 @pytest.mark.parametrize("kind", ["linen", pytest.param("eqx", marks=pytest.mark.slow)])
 def test_batched_predictive_equals_predictive(kind):
     """The per-draw values equal ``numpyro.infer.Predictive`` on the full-data model: the network's output
@@ -175,11 +192,14 @@ def test_batched_predictive_equals_predictive(kind):
     np.testing.assert_allclose(blocked["f"], expected["f"], atol=1e-5)
     one_block = batched_predictive(_model(kind), params, key, X, batch_draws=4, batch_rows=23, summary=False)
     np.testing.assert_allclose(one_block["y"], expected["y"], atol=1e-5)
-    summary = batched_predictive(_model(kind), params, key, X, return_sites=["f"], batch_draws=3, batch_rows=7)
+    # the summary merged over the same ragged blocks (4 + 4 + 3 draws, 4 × 5 + 3 rows) as `blocked`: their slices
+    # of the draws and rows are compiled once
+    summary = batched_predictive(_model(kind), params, key, X, return_sites=["f"], batch_draws=4, batch_rows=5)
     np.testing.assert_allclose(summary.mean["f"], expected["f"].mean(0), atol=1e-5)
     np.testing.assert_allclose(summary.sd["f"], expected["f"].std(0), atol=1e-5)
 
 
+@on_prior_draws
 def test_batched_predictive_memory_is_bounded(monkeypatch):
     """The largest array evaluated is one block, ``batch_draws × batch_rows``, whatever the draws and rows."""
     shapes = []
@@ -203,6 +223,7 @@ def test_batched_predictive_memory_is_bounded(monkeypatch):
     assert len(shapes) == 2 * 5 * 7 and set(shapes) == {(8, 16)}  # 2 sites, 5 × 7 blocks of 8 draws × 16 rows
 
 
+@on_prior_draws
 def test_batched_predictive_refuses_bad_input():
     params = _draws("linen", 3)
     X = jnp.zeros((5, 2))

@@ -50,6 +50,12 @@ KERNELS = {
 }
 STEPS_PER_DRAW = 3
 
+#: The tests compile the same graphs: the logistic model's gradient (every kernel on it), each kernel's step (the CPU
+#: step's chain and the refused host sync run the graph the accelerator step compiled: its step size is an input), the
+#: Poisson model's gradient (both rejected-step tests). ``ppl_sgmcmc.pyro.compile`` keeps a process's compiled graphs,
+#: so the module runs on one pytest-xdist worker (``--dist loadgroup``), which compiles each once.
+pytestmark = pytest.mark.xdist_group("pyro_device_step_graphs")
+
 
 def start(name, path, monkeypatch):
     """``name``'s kernel on ``path``'s step, set up (seed 0) with one draw taken."""

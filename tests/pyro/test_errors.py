@@ -185,7 +185,9 @@ def test_sgfs_runs_a_float64_model():
         with pyro.plate("data", X.shape[0], subsample_size=20):
             pyro.sample("y", dist.Normal(pyro.subsample(X, event_dim=1) @ w, 0.5), obs=pyro.subsample(y, event_dim=0))
 
-    kernel = setup(SGFS(model, find_mode=False), X, y)  # α = 0 from the init strategy's start: no mode search
+    # α = 0 from the init strategy's start: no mode search. The start-up check runs the model eagerly whatever
+    # `compile_potential`; the step runs it eagerly too (EAGER): compiling its gradient and step in float64 took ~12 s
+    kernel = setup(SGFS(model, find_mode=False, **EAGER), X, y)
     assert kernel.sample(kernel.initial_params)["w"].dtype == torch.float64
 
 
@@ -468,7 +470,8 @@ def test_initial_params_are_where_the_model_is_first_traced():
 
     for seed in range(4):  # the strategy's draw is negative for about half of the seeds
         pyro.set_rng_seed(seed)
-        mcmc = MCMC(SGLD(model, step_size=1e-3), warmup_steps=5, num_samples=5, disable_progbar=True,
+        # the first trace is the kernel's setup's, whatever `compile_potential`: the steps run the model eagerly
+        mcmc = MCMC(SGLD(model, step_size=1e-3, **EAGER), warmup_steps=5, num_samples=5, disable_progbar=True,
                     initial_params={"mu": torch.tensor(1.0)})  # fmt: skip
         mcmc.run(_Y)
         assert torch.all(mcmc.get_samples()["mu"] > 0)
@@ -589,8 +592,10 @@ def test_constrained_supports_run(names):
     with SGNHT hands-off: its warm-up finds the mode and tunes in the unconstrained coordinates (the potential's
     gradient and Hessian through the transforms). A run with a given step size takes the same steps through the same
     transforms, so it checks nothing this run does not. The supports whose potential compiles into a graph run in
-    one model, and those that fall back to the eager model in another, so that both paths see constrained latents."""
-    samples = _run(SGNHT(_supports(names)), _Y, warmup_steps=300).get_samples()
+    one model, and those that fall back to the eager model in another, so that both paths see constrained latents.
+    The warm-up is the least the defaults allow (200 steps: windows of at least 10 steps): the draws' supports do not
+    depend on its length."""
+    samples = _run(SGNHT(_supports(names)), _Y, warmup_steps=200).get_samples()
     for name in names:
         prior = _SUPPORTS[name][0]
         x = samples[name]
