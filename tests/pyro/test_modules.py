@@ -112,13 +112,16 @@ on_networks = pytest.mark.xdist_group("pyro_modules_networks")
 def test_network_runs_with_defaults(name, kind, data):
     """The kernel runs the network with its defaults (no step size): finite draws of every weight site with its
     shape, every coordinate moving (not stuck at its start), and finite predictions. The sizes are the least the
-    defaults allow (a warm-up of 200 steps) and 50 draws, as this checks that the run works, not what it samples
-    (the conjugate test below does). The kernels of :data:`EAGER_RUNS` run the model eagerly (the defaults but
-    ``compile_potential``): what this checks is their defaults' tuning on a network, not their compiled steps."""
+    defaults allow (a warm-up of 200 steps) and 10 draws, as this checks that the run works, not what it samples
+    (the conjugate test below does): a kernel rejects a step that is not finite (the chain stays where it was), so
+    more draws would not make a non-finite draw likelier, and fewer draws make "every coordinate moving" harder to
+    pass, not easier (an eager step of the network costs about 15 ms). The kernels of :data:`EAGER_RUNS` run the
+    model eagerly (the defaults but ``compile_potential``): what this checks is their defaults' tuning on a network,
+    not their compiled steps."""
     X, y = data
     model = Regression(_network(kind))
     kernel = getattr(kernels, name)(model, **({"compile_potential": False} if name in EAGER_RUNS else {}))
-    mcmc = MCMC(kernel, warmup_steps=200, num_samples=50, disable_progbar=True)
+    mcmc = MCMC(kernel, warmup_steps=200, num_samples=10, disable_progbar=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a short run's verdict and noise warnings
         mcmc.run(X, y)
@@ -135,15 +138,25 @@ def test_network_runs_with_defaults(name, kind, data):
 def test_linear_network_predictive_matches_conjugate(data):
     """A ``PyroModule[nn.Linear](2, 1)`` with ``N(0, 1)`` priors and a Gaussian likelihood is a Bayesian linear
     regression: SGNHT's defaults give the exact predictive mean and sd of ``f(x)`` at test inputs, in and
-    outside the data, within Monte Carlo error."""
+    outside the data, within Monte Carlo error.
+
+    The warm-up is the least the defaults allow (200 steps; the chain starts at the mode, the defaults' start): the
+    tolerances are the Monte Carlo errors of the 4000 kept draws, which a shorter warm-up does not change (it could only
+    leave more burn-in or a less adapted step, which would fail the test). ``f`` at the test inputs is the network's
+    output ``X_test wᵀ + b`` for each draw; :func:`batched_predictive` gives it exactly, in blocks of draws (checked on
+    every eighth draw, 500 draws in 8 blocks, the last one partial, as the 4000 draws in blocks of 512 would be: each
+    draw is one eager run of the model, about 1.5 ms, 6 s for all draws)."""
     X, y = data
     model = Regression(_network("linear"))
-    mcmc = MCMC(SGNHT(model), warmup_steps=1000, num_samples=4000, disable_progbar=True)
+    mcmc = MCMC(SGNHT(model), warmup_steps=200, num_samples=4000, disable_progbar=True)
     mcmc.run(X, y)
     samples = mcmc.get_samples(group_by_chain=True)
     params = {name: value.reshape((-1,) + value.shape[2:]) for name, value in samples.items() if name != "f"}
     X_test = torch.tensor([[0.0, 0.0], [1.0, -1.0], [3.0, 3.0], [-4.0, 2.0]])  # the last two outside the data
-    f = batched_predictive(model, params, X_test, return_sites=["f"], batch_draws=512, summary=False)["f"]
+    f = (params["net.weight"][:, 0, :] @ X_test.T + params["net.bias"]).numpy()  # (draws, 4)
+    every_eighth = {name: value[::8] for name, value in params.items()}
+    predictive = batched_predictive(model, every_eighth, X_test, return_sites=["f"], batch_draws=64, summary=False)
+    np.testing.assert_allclose(predictive["f"], f[::8], rtol=1e-6, atol=1e-6)
     f = f.reshape(1, -1, 4)
     mu, cov = conjugate_posterior(np.hstack([X.numpy(), np.ones((X.shape[0], 1))]), y.numpy(), NOISE, 1.0)
     features = np.hstack([X_test.numpy(), np.ones((4, 1))])
