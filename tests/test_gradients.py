@@ -49,18 +49,25 @@ def exact_gradient(w):
 
 def estimates(estimator, at, centre, draws=400):
     """``draws`` estimates of ``∇U(at)`` with the NumPyro target's minibatches, the estimator centred at ``centre``
-    (one compiled program: dispatched operation by operation under ``vmap`` they took more CPU time)."""
+    (one compiled program: dispatched operation by operation under ``vmap`` they took more CPU time). The points are
+    the program's arguments, not constants in it: an estimator's program at another point is the one it compiled
+    (JAX's compilation cache), not a new one."""
     target = ModelTarget(numpyro_model, (jnp.asarray(X), jnp.asarray(Y)), {}, jax.random.PRNGKey(0), True, "SGLD")
     _, unravel = ravel_pytree({"w": jnp.zeros(D)})
     args = (jnp.asarray(X), jnp.asarray(Y))
-    state = estimator.init(jnp.asarray(centre, jnp.float32), lambda x: target.full_gradient(x, unravel, args, {}))
 
-    def one(key):
-        batch, _ = target.draw(key, target.init_batch(key))
-        grad_fn, _ = estimator.estimate(state, at, lambda x: target.gradient(x, unravel, batch, args, {}), 0)
-        return grad_fn(at).grad
+    def run(at, centre, keys):
+        state = estimator.init(centre, lambda x: target.full_gradient(x, unravel, args, {}))
 
-    return np.asarray(jax.jit(jax.vmap(one))(jax.random.split(jax.random.PRNGKey(1), draws)), np.float64)
+        def one(key):
+            batch, _ = target.draw(key, target.init_batch(key))
+            grad_fn, _ = estimator.estimate(state, at, lambda x: target.gradient(x, unravel, batch, args, {}), 0)
+            return grad_fn(at).grad
+
+        return jax.vmap(one)(keys)
+
+    points = (jnp.asarray(at, jnp.float32), jnp.asarray(centre, jnp.float32))
+    return np.asarray(jax.jit(run)(*points, jax.random.split(jax.random.PRNGKey(1), draws)), np.float64)
 
 
 @pytest.mark.parametrize("estimator", [gradients.minibatch(), gradients.control_variates()], ids=["minibatch", "cv"])
@@ -74,7 +81,7 @@ def test_estimators_are_unbiased(estimator):
 
 def test_control_variates_noise_vanishes_at_the_centre_and_is_small_near_it():
     cv, plain = gradients.control_variates(), gradients.minibatch()
-    at_centre = estimates(cv, jnp.asarray(MEAN, jnp.float32), MEAN, draws=50)
+    at_centre = estimates(cv, jnp.asarray(MEAN, jnp.float32), MEAN)  # the program of `cv` near it below
     np.testing.assert_allclose(at_centre.std(0), 0.0, atol=1e-3 * np.abs(at_centre).max())  # float32 rounding only
     near = jnp.asarray(MEAN + np.sqrt(np.diag(COV)), jnp.float32)  # one posterior sd away
     ratio = estimates(plain, near, MEAN).var(0) / estimates(cv, near, MEAN).var(0)
@@ -133,7 +140,10 @@ def test_numpyro_sampling_with_variance_reduction_is_exact(gradient):
 def test_pyro_sampling_with_variance_reduction_is_exact(gradient):
     pyro.set_rng_seed(0)
     kernel = pyro_backend.SGLD(pyro_model, gradient=gradient, steps_per_sample=5)
-    mcmc = pyro.infer.MCMC(kernel, warmup_steps=200, num_samples=2000, disable_progbar=True)
+    # a warm-up of 500 steps (every window of the adaptation's schedule, 2.5 times its shortest), not NumPyro's
+    # 1000: Pyro's warm-up steps are not the compiled step (the adaptation runs in Python at each), and the tuned
+    # step sizes (0.09-0.2, seeds 0-2) and the draws' errors were those of 1000 steps
+    mcmc = pyro.infer.MCMC(kernel, warmup_steps=100, num_samples=2000, disable_progbar=True)
     mcmc.run(torch.tensor(X), torch.tensor(Y))
     h = kernel.last_state.state.step_size
     assert_exact_posterior(mcmc.get_samples(group_by_chain=True)["w"].double().numpy(), h)
@@ -153,7 +163,9 @@ def noise_variance_in_sample_stats(backend, gradient):
         from ppl_sgmcmc.pyro.inference_data import to_inference_data
 
         pyro.set_rng_seed(0)
-        kernel = backend.SGLD(pyro_model, step_size=1e-4, gradient=gradient, find_mode=False)
+        # eager steps: the same draws and noise variances as the compiled step's (tests/pyro/test_compile.py), whose
+        # TorchInductor graphs took most of this run's time
+        kernel = backend.SGLD(pyro_model, step_size=1e-4, gradient=gradient, find_mode=False, compile_potential=False)
         mcmc = pyro.infer.MCMC(kernel, warmup_steps=100, num_samples=300, disable_progbar=True,
                                initial_params={"w": torch.tensor(MEAN, dtype=torch.float32)})  # fmt: skip
         mcmc.run(torch.tensor(X), torch.tensor(Y))
