@@ -361,9 +361,13 @@ def estimate(state: History) -> tuple[Array, Array, Array, Array]:
     along = xp.linalg.diagonal(vectors.T @ C_a @ vectors), xp.linalg.diagonal(vectors.T @ C_n @ vectors)
     values = _corrected(xp, along[0], values, along[1], n)
     C_g = (vectors * (values + REGULARIZATION * level)[None, :]) @ vectors.T
-    lam, directions = xp.linalg.eigh(_geometric_mean(xp, C_x, C_g))
+    # rounding can leave the mean without finite entries (roots of eigenvalues at zero): the estimate is then not
+    # usable, and its eigh, which JAX computes as NaN and torch refuses, is taken of the identity instead
+    mean = _geometric_mean(xp, C_x, C_g)
+    finite = xp.all(xp.isfinite(mean))
+    lam, directions = xp.linalg.eigh(xp.where(finite, mean, eye))
     lam = band(xp.maximum(lam, xp.full_like(lam, 1e-30)))
     U = Q @ directions
     usable = (xp.sum(xp.astype(filled, xp.int32)) >= MIN_SLOTS) & xp.all(xp.isfinite(sigma)) & xp.all(sigma > 0)
-    usable = usable & xp.all(xp.isfinite(lam)) & xp.all(xp.isfinite(U))
+    usable = usable & finite & xp.all(xp.isfinite(lam)) & xp.all(xp.isfinite(U))
     return sigma, U, lam, usable

@@ -257,6 +257,32 @@ def test_pyro_warmup_replaces_the_low_rank_metric():
     assert float(pre.scale[0, :, 1:].abs().max()) > 0
 
 
+def test_pyro_warmup_goes_on_past_an_estimate_rounding_left_unusable():
+    """From the prior's draw (no mode search), an early window's geometric mean of the two covariances has entries
+    that are not finite (roots of eigenvalues that rounding left at zero): the estimate is unusable, as on JAX, and
+    the warm-up goes on (``torch.linalg.eigh`` raised on it)."""
+    import pyro
+    import pyro.distributions as pdist
+    from pyro.infer import MCMC as PyroMCMC
+
+    from ppl_sgmcmc.pyro import SGHMC
+
+    X, y = (torch.as_tensor(a) for a in regression_data(12))
+
+    def model(X, y):
+        w = pyro.sample("w", pdist.Normal(torch.zeros(X.shape[1]), 1.0).to_event(1))
+        with pyro.plate("data", X.shape[0], subsample_size=BATCH) as index:
+            pyro.sample("y", pdist.Normal(X[index] @ w, 1.0), obs=y[index])
+
+    pyro.set_rng_seed(0)
+    kernel = SGHMC(model, dense_mass="low_rank", find_mode=False, compile_potential=False)
+    mcmc = PyroMCMC(kernel, num_samples=20, warmup_steps=400, disable_progbar=True)
+    mcmc.run(X, y)
+    pre = kernel.last_state.state.adapt_state.preconditioner
+    assert tuple(pre.scale.shape) == (2, 12, low_rank.width(12) + 1) and bool(torch.isfinite(pre.scale).all())
+    assert bool(torch.isfinite(mcmc.get_samples()["w"]).all())
+
+
 def test_bad_dense_mass_is_refused_with_the_fix():
     from ppl_sgmcmc.numpyro import PSGLD, SGLD
 
