@@ -231,11 +231,12 @@ def test_low_rank_only_when_asked():
     assert not SGFS(regression, step_size=0.1)._low_rank(d)
 
 
-def test_pyro_warmup_replaces_the_low_rank_metric():
-    """Pyro's warm-up (SGHMC, tuned) ends with a low-rank-plus-diagonal preconditioner of its own. The model runs
-    through Pyro's handlers (``compile_potential=False``): the warm-up is what is checked, and its adaptation sees the
-    same gradients either way; compiling the traced potential and the step after the warm-up (which falls back to the
-    eager step, in silence, where the two disagree) took 12 of this test's 20 s of CPU time."""
+def pyro_low_rank_warmup(**options):
+    """Pyro's SGHMC with a low-rank metric (``options`` added), seed 0, 400 warm-up steps and 20 draws on
+    ``regression_data(12)``, the model run through Pyro's handlers (``compile_potential=False``): the warm-up is what
+    is checked, and its adaptation sees the same gradients either way (compiling the traced potential and the step
+    after the warm-up, which falls back to the eager step in silence where the two disagree, took 12 of the first
+    test's 20 s of CPU time). Returns ``(kernel, mcmc)``."""
     import pyro
     import pyro.distributions as pdist
     from pyro.infer import MCMC as PyroMCMC
@@ -250,8 +251,15 @@ def test_pyro_warmup_replaces_the_low_rank_metric():
             pyro.sample("y", pdist.Normal(X[index] @ w, 1.0), obs=y[index])
 
     pyro.set_rng_seed(0)
-    kernel = SGHMC(model, dense_mass="low_rank", compile_potential=False)
-    PyroMCMC(kernel, num_samples=20, warmup_steps=400, disable_progbar=True).run(X, y)
+    kernel = SGHMC(model, dense_mass="low_rank", compile_potential=False, **options)
+    mcmc = PyroMCMC(kernel, num_samples=20, warmup_steps=400, disable_progbar=True)
+    mcmc.run(X, y)
+    return kernel, mcmc
+
+
+def test_pyro_warmup_replaces_the_low_rank_metric():
+    """Pyro's warm-up (SGHMC, tuned) ends with a low-rank-plus-diagonal preconditioner of its own."""
+    kernel, _ = pyro_low_rank_warmup()
     pre = kernel.last_state.state.adapt_state.preconditioner
     assert tuple(pre.scale.shape) == (2, 12, low_rank.width(12) + 1)
     assert float(pre.scale[0, :, 1:].abs().max()) > 0
@@ -261,23 +269,7 @@ def test_pyro_warmup_goes_on_past_an_estimate_rounding_left_unusable():
     """From the prior's draw (no mode search), an early window's geometric mean of the two covariances has entries
     that are not finite (roots of eigenvalues that rounding left at zero): the estimate is unusable, as on JAX, and
     the warm-up goes on (``torch.linalg.eigh`` raised on it)."""
-    import pyro
-    import pyro.distributions as pdist
-    from pyro.infer import MCMC as PyroMCMC
-
-    from ppl_sgmcmc.pyro import SGHMC
-
-    X, y = (torch.as_tensor(a) for a in regression_data(12))
-
-    def model(X, y):
-        w = pyro.sample("w", pdist.Normal(torch.zeros(X.shape[1]), 1.0).to_event(1))
-        with pyro.plate("data", X.shape[0], subsample_size=BATCH) as index:
-            pyro.sample("y", pdist.Normal(X[index] @ w, 1.0), obs=y[index])
-
-    pyro.set_rng_seed(0)
-    kernel = SGHMC(model, dense_mass="low_rank", find_mode=False, compile_potential=False)
-    mcmc = PyroMCMC(kernel, num_samples=20, warmup_steps=400, disable_progbar=True)
-    mcmc.run(X, y)
+    kernel, mcmc = pyro_low_rank_warmup(find_mode=False)
     pre = kernel.last_state.state.adapt_state.preconditioner
     assert tuple(pre.scale.shape) == (2, 12, low_rank.width(12) + 1) and bool(torch.isfinite(pre.scale).all())
     assert bool(torch.isfinite(mcmc.get_samples()["w"]).all())
