@@ -17,9 +17,8 @@ import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import arviz as az
 import jax
 import numpy as np
 import numpyro
@@ -31,6 +30,9 @@ from ppl_sgmcmc import _model_checks
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
 from ppl_sgmcmc.numpyro.potential import feasible_latent, split_arrays
 from ppl_sgmcmc.numpyro.sharding import to_host
+
+if TYPE_CHECKING:  # ArviZ (with xarray and matplotlib) is imported when InferenceData is made
+    import arviz as az
 
 __all__ = ["MAX_LOG_LIKELIHOOD_BYTES", "full_data_log_likelihood", "predictive", "to_inference_data"]
 
@@ -198,6 +200,8 @@ def to_inference_data(
             )
             log_likelihood = False
     pointwise = full_data_log_likelihood(mcmc, chunk_size, max_log_likelihood_bytes) if log_likelihood else None
+    import arviz as az
+
     idata = az.from_numpyro(mcmc, log_likelihood=False, **kwargs)
     if "lp" in idata.sample_stats:
         idata.sample_stats = idata.sample_stats.rename({"lp": "minibatch_lp"})

@@ -20,9 +20,8 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-import arviz as az
 import numpy as np
 import pyro
 import torch
@@ -31,6 +30,9 @@ from pyro.infer import MCMC, Predictive
 
 from ppl_sgmcmc import _model_checks
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
+
+if TYPE_CHECKING:  # ArviZ (with xarray and matplotlib) is imported when InferenceData is made
+    import arviz as az
 
 __all__ = ["MAX_LOG_LIKELIHOOD_BYTES", "full_data_log_likelihood", "predictive", "sample_stats", "to_inference_data"]
 
@@ -325,6 +327,8 @@ def to_inference_data(
         ((1, 100, 1000), (1000,))
     """
     _check(mcmc, needs_model=False)
+    import arviz as az
+
     idata = az.from_pyro(mcmc, log_likelihood=False, **kwargs)
     stats = sample_stats(mcmc)
     if stats:
