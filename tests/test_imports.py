@@ -48,7 +48,7 @@ def test_no_file_imports_another_layers_backend(path):
                             "backend-neutral layer")
 
 
-# ArviZ (with xarray and matplotlib, ~3 s to import) is loaded when a run's InferenceData is made, not with a backend
+# ArviZ (with xarray and matplotlib: seconds to import) is loaded when a run's InferenceData is made, not with a backend
 DEFERRED = ("arviz", "matplotlib", "xarray")
 
 
