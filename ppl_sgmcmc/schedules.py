@@ -17,10 +17,10 @@ References:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax.numpy as jnp
-import optax
+if TYPE_CHECKING:  # JAX and optax are imported when a schedule needs them (the Pyro backend needs neither)
+    import optax
 
 __all__ = ["constant", "cosine_cycle", "cyclical", "polynomial"]
 
@@ -36,6 +36,8 @@ def constant(step_size: float) -> optax.Schedule:
         >>> float(constant(1e-3)(10_000))
         0.001
     """
+    import optax
+
     return optax.constant_schedule(step_size)
 
 
@@ -78,6 +80,8 @@ def cyclical(step_size: float, num_steps: int, num_cycles: int) -> optax.Schedul
     """
     if not (isinstance(num_cycles, int) and 0 < num_cycles <= num_steps):
         raise ValueError(f"cyclical schedule: need 0 < num_cycles <= num_steps, got {num_cycles} and {num_steps}.")
+    import jax.numpy as jnp
+
     cycle_length = math.ceil(num_steps / num_cycles)
     return lambda t: step_size * cosine_cycle((t % cycle_length) / cycle_length, jnp)
 

@@ -53,7 +53,7 @@ DEFERRED = ("arviz", "matplotlib", "xarray")
 
 
 @pytest.mark.parametrize("backend,foreign", [("numpyro", ("ppl_sgmcmc.pyro", "torch", "pyro", *DEFERRED)),
-                                             ("pyro", ("ppl_sgmcmc.numpyro", "numpyro", *DEFERRED))])
+                                             ("pyro", ("ppl_sgmcmc.numpyro", "numpyro", "jax", "optax", *DEFERRED))])
 def test_importing_a_backend_loads_neither_the_other_nor_arviz(backend, foreign):
     code = (f"import sys, ppl_sgmcmc.{backend}; "
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {foreign!r} or m.startswith({foreign!r})))")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyro
@@ -20,12 +20,14 @@ import torch
 from pyro.infer import MCMC
 from pyro.infer.autoguide.initialization import init_to_uniform
 
-from ppl_sgmcmc import diagnostics
 from ppl_sgmcmc.checkpoint import ChainState
 from ppl_sgmcmc.pyro import inference_data
 from ppl_sgmcmc.pyro.handlers import as_tensors, subsample_plates
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
+
+if TYPE_CHECKING:  # imported where a diagnostic runs: ppl_sgmcmc.diagnostics imports JAX, which a Pyro run does not need
+    from ppl_sgmcmc import diagnostics
 
 __all__ = ["RunView", "full_data_score"]
 
@@ -45,6 +47,8 @@ def _score_target(
     kernel: SGMCMCKernel, model_args: tuple, model_kwargs: Mapping[str, Any], fn: str
 ) -> ModelTarget | PotentialTarget:
     """The kernel's potential, in unconstrained coordinates (also for a kernel that moves constrained ones)."""
+    from ppl_sgmcmc import diagnostics
+
     diagnostics._check_kernel(kernel, SGMCMCKernel, fn)
     diagnostics._check_scores_available(kernel, fn)
     if kernel._model is None:
@@ -161,6 +165,8 @@ class RunView:
     """
 
     def __init__(self, mcmc: MCMC, fn: str) -> None:
+        from ppl_sgmcmc import diagnostics
+
         kernel = mcmc.kernel
         diagnostics._check_kernel(kernel, SGMCMCKernel, fn)
         if mcmc._samples is None:
@@ -274,6 +280,8 @@ class RunView:
         """``num_draws`` more draws of the last chain from ``adjust`` of its final state, ``spacing`` times as
         many steps apart as the run's (every ``spacing``-th draw kept), by a new ``MCMC`` of the same kernel
         that resumes it (the caller restores the kernel)."""
+        from ppl_sgmcmc import diagnostics
+
         last = self._final_required()
         self.kernel.resume_from = last._replace(state=adjust(last.state))
         continued = MCMC(self.kernel, num_samples=num_draws * spacing, warmup_steps=0, disable_progbar=True)
@@ -294,6 +302,8 @@ class RunView:
         subsampled plate) at ``num_draws`` draws evenly spaced over each chain (of every chain the run holds),
         evaluated lazily ``chunk_size`` draws at a time, with the subsampled plates and the plate of each observed
         site."""
+        from ppl_sgmcmc import diagnostics
+
         target = self.target
         assert isinstance(target, ModelTarget)  # energy_noise and the verdict refuse a potential_fn first
         sizes, model = dict(target.plate_sizes), self.kernel.model
