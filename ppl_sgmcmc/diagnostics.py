@@ -55,11 +55,11 @@ import importlib
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from numbers import Integral, Real
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +69,7 @@ from jax.typing import ArrayLike
 
 from ppl_sgmcmc import algorithms
 from ppl_sgmcmc import verdict as _verdict
+from ppl_sgmcmc._run_view import Pointwise, Run, fixed_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -459,112 +460,21 @@ class StepHalvingResult(NamedTuple):
     """The step size of the last step of each chain's halved-step continuation."""
 
 
-class _Continuation(NamedTuple):
-    """The halved-step continuation of a run, from a backend's ``RunView.continue_chains``."""
-
-    chains: list[int]  # the chains continued (Pyro: the last one)
-    samples: dict[str, np.ndarray]  # their draws, constrained, (chains, draws, ...)
-    step_size: np.ndarray  # each chain's last step size before
-    halved_step_size: np.ndarray  # and in the continuation
-
-
-class _Run(Protocol):
-    """What :func:`ksd`, :func:`step_halving_check` and :func:`energy_noise` read from a finished run: each backend's
-    ``scores.RunView`` (:mod:`ppl_sgmcmc.numpyro.scores`, :mod:`ppl_sgmcmc.pyro.scores`)."""
-
-    kernel: Any
-
-    def samples(self) -> dict[str, np.ndarray]:
-        """The latent sites' draws as the run reports them (constrained), ``(chains, draws, ...)``."""
-        ...
-
-    def latents(self, samples: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
-        """The run's draws (or ``samples``, constrained) in the unconstrained coordinates of the full-data
-        score, ``(chains, draws, ...)``."""
-        ...
-
-    def scores(self, rows: Mapping[str, np.ndarray], seed: int) -> np.ndarray:
-        """The ``(m, d)`` full-data scores at the unconstrained ``rows`` ``{site: (m, ...)}``."""
-        ...
-
-    def preconditioner_scales(self) -> np.ndarray | None:
-        """The adapted preconditioners' ``L`` of the chains, ``(chains, d)`` or ``(chains, d, d)``, or ``None``."""
-        ...
-
-    def warmup_fit(self) -> tuple[float, float, int] | None:
-        """``(misfit, explored, rounds)`` of the warm-up's last slow window over the chains (the worst of each), or
-        ``None`` when nothing adapted."""
-        ...
-
-    def final_rule_state(self) -> Any:
-        """The rule's state at the end of the run (with a leading chain axis for vectorised chains), or ``None``."""
-        ...
-
-    def step_index(self) -> int:
-        """The step counter of the run's final state."""
-        ...
-
-    def continue_chains(self, adjust: Callable[[Any], Any], num_draws: int, spacing: int) -> _Continuation:
-        """Continue the chains from their final states, each first passed through ``adjust``, for ``num_draws``
-        draws ``spacing`` times as many steps apart as the run's."""
-        ...
-
-    def kept(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """The run's draws flattened, ``(chains, draws, d)``, and its kept noise ratios and potential energies,
-        ``(chains, draws)`` or ``None``, for :func:`verdict`."""
-        ...
-
-    def pointwise(self, num_draws: int, chunk_size: int | None, fixed: bool = False) -> "_Pointwise":
-        """The per-datum log-likelihoods on the full data (``fixed``: on the :func:`fixed_rows` of each subsampled
-        plate, whose ``(N, n)`` are then ``(n, n)``) at ``num_draws`` draws evenly spaced over each chain,
-        evaluated lazily ``chunk_size`` draws at a time (``None``: see :func:`_rows_per_chunk`)."""
-        ...
-
-    def energy_gaps(self) -> np.ndarray:
-        """CSGLD's ``Δu`` of each chain, ``(chains,)``."""
-        ...
-
-
 _MCMC_CLASSES = (("numpyro", "numpyro.infer.mcmc"), ("pyro", "pyro.infer.mcmc.api"))
 
 
-def _run_of(mcmc: Any, fn: str) -> _Run:
+def _run_of(mcmc: Any, fn: str) -> Run:
     """The backend's view of ``mcmc``; the backend is imported only if ``mcmc`` is one of its runs (its
     ``MCMC`` class is then loaded already)."""
     for backend, module in _MCMC_CLASSES:
         cls = getattr(sys.modules.get(module), "MCMC", None)
         if cls is not None and isinstance(mcmc, cls):
-            view: _Run = importlib.import_module(f"ppl_sgmcmc.{backend}.scores").RunView(mcmc, fn)
+            view: Run = importlib.import_module(f"ppl_sgmcmc.{backend}.scores").RunView(mcmc, fn)
             return view
     raise TypeError(
         f"{fn}: `mcmc` must be a numpyro.infer.MCMC or pyro.infer.MCMC object run with a ppl_sgmcmc kernel, got "
         f"{type(mcmc).__name__}."
     )
-
-
-def _check_kernel(kernel: Any, base: type, fn: str) -> None:
-    """Refuse a run whose kernel is not one of the backend's SG-MCMC kernels (``base``)."""
-    if not isinstance(kernel, base):
-        raise TypeError(
-            f"{fn}: the run's kernel is {type(kernel).__name__}, not a ppl_sgmcmc kernel, whose target and state "
-            "this diagnostic reads. For another sampler's draws, compute the full-data scores yourself and call "
-            "`imq_ksd`."
-        )
-
-
-def _check_scores_available(kernel: Any, fn: str) -> None:
-    """Refuse a kernel with local Gibbs sites: the score of the global latents' marginal posterior is not a
-    gradient of the model's potential."""
-    if kernel._gibbs is not None:
-        raise ValueError(
-            f"{fn}: {kernel.name} updates the local sites {list(kernel._gibbs.sites)} by Gibbs sweeps, so the "
-            "posterior of the other latents is the model's with those sites marginalised out, whose score the "
-            "model does not give. Marginalise them out of the model to compute its full-data score."
-        )
-
-
-def _no_draws(fn: str) -> str:
-    return f"{fn}: the MCMC object holds no draws: call `mcmc.run(...)` first."
 
 
 def _count(value: Any, name: str, fn: str, minimum: int) -> int:
@@ -582,7 +492,7 @@ def _thin(draws: Mapping[str, np.ndarray], num_draws: int) -> dict[str, np.ndarr
     return {name: a.reshape((total,) + a.shape[2:])[index] for name, a in draws.items()}
 
 
-def _run_preconditioner(run: _Run, preconditioner: Any, fn: str) -> np.ndarray | None:
+def _run_preconditioner(run: Run, preconditioner: Any, fn: str) -> np.ndarray | None:
     """``Γ`` for :func:`imq_ksd`: the chains' adapted ``L Lᵀ`` averaged (a vector for diagonal ``L``), or
     the user's."""
     if isinstance(preconditioner, str):
@@ -882,10 +792,6 @@ NOISE_SPREAD = 2.0
 all chains' draws) when the larger exceeds ``NOISE_TEMPERATURE_RATIO τ``: the inflation ``e^{ζ²σ²/(2τ²)}`` then
 differs between the regions (modes) the draws lie in, and the self-normalised weights do not cancel it."""
 
-# entries of the per-datum log-likelihoods evaluated at once when `chunk_size=None` (16 MiB of float32)
-_AUTO_LOG_LIKELIHOOD_ENTRIES = 2**22
-
-
 class EnergyNoiseResult(NamedTuple):
     """The noise of a CSGLD/CSGHMC run's minibatch energies, from :func:`energy_noise`. ``str()`` of it is a
     readable report."""
@@ -924,58 +830,7 @@ class EnergyNoiseResult(NamedTuple):
         return "\n".join(lines)
 
 
-class _Pointwise(NamedTuple):
-    """The per-datum log-likelihoods of a run's thinned draws, from a backend's ``RunView.pointwise``."""
-
-    plates: dict[str, tuple[int, int]]  # the subsampled plates {name: (N, n)}
-    sites: dict[str, tuple[str, int]]  # the observed sites in them {site: (plate, its dim in the site's log density)}
-    replace: bool  # minibatches with replacement
-    shape: tuple[int, int]  # (chains, draws per chain) evaluated
-    chunks: Iterable[tuple[int, dict[str, np.ndarray]]]  # (first row, {site: (rows, *batch)}), rows chain-major
-
-
-def _chain_index(draws: int, num_draws: int, fn: str) -> np.ndarray:
-    """At most ``num_draws`` indices evenly spaced over a chain's ``draws``."""
-    if draws == 0:
-        raise ValueError(_no_draws(fn))
-    m = min(num_draws, draws)
-    return np.arange(m) * draws // m
-
-
-def _rows_per_chunk(chunk_size: int | None, entries: int, m: int) -> int:
-    """Draws evaluated at once: ``chunk_size``, or with ``None`` as many as keep ``entries`` per draw within
-    ``_AUTO_LOG_LIKELIHOOD_ENTRIES``."""
-    if chunk_size is None:
-        chunk_size = _AUTO_LOG_LIKELIHOOD_ENTRIES // max(entries, 1)
-    return max(1, min(chunk_size, m))
-
-
-def _site_plates(
-    frames: Mapping[str, list[tuple[str, int | None]]], plate_sizes: Mapping[str, tuple[int, int]], fn: str
-) -> dict[str, tuple[str, int]]:
-    """``{site: (plate, dim)}`` for the observed sites (``frames``: their plates' ``(name, dim)``) in a subsampled
-    plate; the sites in none add no noise."""
-    sites = {}
-    for site, plates in frames.items():
-        subsampled = [(name, dim) for name, dim in plates if name in plate_sizes]
-        if len(subsampled) > 1:
-            raise ValueError(
-                f"{fn}: the observed site {site!r} lies in the subsampled plates {[name for name, _ in subsampled]}: "
-                "its minibatch is a sub-array of all of them, whose energy's variance has no one-plate formula. "
-                "Evaluate the minibatch energy repeatedly at a point instead (the CSGLD algorithm page)."
-            )
-        if subsampled:
-            name, dim = subsampled[0]
-            if dim is None:
-                raise ValueError(
-                    f"{fn}: the observed site {site!r} lies in the sequential plate {name!r}; declare it as a "
-                    "vectorised plate (a context manager) to compute its per-datum log-likelihoods."
-                )
-            sites[site] = (name, dim)
-    return sites
-
-
-def _per_row(pointwise: _Pointwise, fn: str) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+def _per_row(pointwise: Pointwise, fn: str) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """``(first row, {plate: ℓ (rows, plate size)})`` of each chunk of ``pointwise``: ``ℓ_i`` the log-likelihood of
     row ``i`` of the plate summed over its observed sites (and over their other dimensions)."""
     for start, chunk in pointwise.chunks:
@@ -993,7 +848,7 @@ def _per_row(pointwise: _Pointwise, fn: str) -> Iterator[tuple[int, dict[str, np
         yield start, rows
 
 
-def _noise_sd(pointwise: _Pointwise, fn: str) -> np.ndarray:
+def _noise_sd(pointwise: Pointwise, fn: str) -> np.ndarray:
     """``σ(x) = sqrt(Σ_plates (N²/n) Var_i[ℓ_i(x)] (N - n)/(N - 1)^[without replacement])`` at each draw,
     ``(chains, draws)``, ``ℓ_i`` the summed log-likelihood of row ``i`` of the plate over its observed sites."""
     chains, draws = pointwise.shape
@@ -1004,19 +859,6 @@ def _noise_sd(pointwise: _Pointwise, fn: str) -> np.ndarray:
             factor = size * size / n * (1.0 if pointwise.replace else (size - n) / (size - 1))
             variance[start : start + len(per_row)] += factor * per_row.var(axis=1)
     return np.sqrt(variance).reshape(chains, draws)
-
-
-def fixed_rows(size: int, n: int) -> np.ndarray:
-    """The ``n`` rows of a plate of ``size`` whose log-likelihoods :func:`verdict` judges as predictions: one
-    minibatch's worth, evenly spread over the data (the data's order then matters less than with the first ``n``).
-
-    **Example**::
-
-        >>> from ppl_sgmcmc.diagnostics import fixed_rows
-        >>> fixed_rows(10, 4).tolist()
-        [0, 2, 5, 7]
-    """
-    return np.arange(n) * size // n
 
 
 def _check_predictions(kernel: Any, fn: str) -> None:
@@ -1031,7 +873,7 @@ def _check_predictions(kernel: Any, fn: str) -> None:
         )  # fmt: skip
 
 
-def _row_log_likelihoods(run: _Run, fn: str) -> np.ndarray:
+def _row_log_likelihoods(run: Run, fn: str) -> np.ndarray:
     """The log-likelihoods of the :func:`fixed_rows` of each subsampled plate at the draws the verdict reads,
     ``(chains, draws, rows)`` (the plates' rows side by side, in the order of their names)."""
     _check_predictions(run.kernel, fn)

@@ -26,6 +26,7 @@ import scipy.stats
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import MCMC, NUTS
 
+from ppl_sgmcmc._run_view import Pointwise, site_plates
 from ppl_sgmcmc.diagnostics import (
     NOISE_TEMPERATURE_RATIO,
     EnergyNoiseResult,
@@ -35,8 +36,6 @@ from ppl_sgmcmc.diagnostics import (
     _HalvedSchedule,
     _noise_report,
     _noise_sd,
-    _Pointwise,
-    _site_plates,
     energy_noise,
     flatten_draws,
     imq_ksd,
@@ -588,7 +587,7 @@ def test_the_formula_is_the_sd_of_simulated_minibatch_energies(replace):
     is about 1 %); two observed sites in the plate add per row, a site outside it adds nothing."""
     rng = np.random.default_rng(1)
     a, b = rng.normal(size=(2, 3, 20))  # (draws, rows) of two sites
-    pointwise = _Pointwise({"data": (20, 5)}, {"a": ("data", -1), "b": ("data", -1)}, replace, (1, 3),
+    pointwise = Pointwise({"data": (20, 5)}, {"a": ("data", -1), "b": ("data", -1)}, replace, (1, 3),
                            [(0, {"a": a, "b": b, "global": np.zeros((3,))})])  # fmt: skip
     sigma = _noise_sd(pointwise, "test")[0]
     rows = a + b
@@ -636,7 +635,7 @@ def test_energy_noise_bad_input(two_mode_run, tuned_run):
     with pytest.raises(ValueError, match="`chunk_size` must be an integer >= 1"):
         energy_noise(two_mode_run, chunk_size=0)
     plate_sizes = {"users": (100, 10), "items": (50, 5)}
-    assert _site_plates({"y": [("items", -1)], "z": [("other", -1)]}, plate_sizes, "f") == {"y": ("items", -1)}
+    assert site_plates({"y": [("items", -1)], "z": [("other", -1)]}, plate_sizes, "f") == {"y": ("items", -1)}
     with pytest.raises(ValueError, match=r"site 'y' lies in the subsampled plates \['users', 'items'\]"):
-        _site_plates({"y": [("users", -2), ("items", -1)]}, plate_sizes, "energy_noise")
+        site_plates({"y": [("users", -2), ("items", -1)]}, plate_sizes, "energy_noise")
 

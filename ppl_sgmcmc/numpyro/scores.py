@@ -24,7 +24,7 @@ from numpyro.distributions.transforms import biject_to
 from numpyro.handlers import seed, substitute, trace
 from numpyro.infer import MCMC
 
-from ppl_sgmcmc import diagnostics
+from ppl_sgmcmc import _run_view, diagnostics
 from ppl_sgmcmc.numpyro import inference_data, warmup
 from ppl_sgmcmc.numpyro.kernel import SGMCMCKernel
 from ppl_sgmcmc.numpyro.potential import ModelTarget, PotentialTarget, as_jax_arrays, feasible_latent, split_arrays
@@ -39,8 +39,8 @@ def _score_target(
     kernel: SGMCMCKernel, model_args: tuple, model_kwargs: Mapping[str, Any], rng_key: jax.Array, fn: str
 ) -> ModelTarget | PotentialTarget:
     """The kernel's potential, in unconstrained coordinates (also for a kernel that moves constrained ones)."""
-    diagnostics._check_kernel(kernel, SGMCMCKernel, fn)
-    diagnostics._check_scores_available(kernel, fn)
+    _run_view.check_kernel(kernel, SGMCMCKernel, fn)
+    _run_view.check_scores_available(kernel, fn)
     if kernel._model is None:
         assert kernel._potential_fn is not None  # a kernel has exactly one of the two
         return PotentialTarget(kernel._potential_fn, kernel.name)
@@ -164,9 +164,9 @@ class RunView:
 
     def __init__(self, mcmc: MCMC, fn: str) -> None:
         kernel = mcmc.sampler
-        diagnostics._check_kernel(kernel, SGMCMCKernel, fn)
+        _run_view.check_kernel(kernel, SGMCMCKernel, fn)
         if mcmc.last_state is None or mcmc._states is None:
-            raise ValueError(diagnostics._no_draws(fn))
+            raise ValueError(_run_view.no_draws(fn))
         if mcmc.postprocess_fn is not None:
             raise ValueError(
                 f"{fn}: the run has its own `postprocess_fn`, so its draws are not the latents' values; run it "
@@ -248,9 +248,7 @@ class RunView:
         """The step counter of the final state (the chains count their steps together)."""
         return int(np.asarray(self.mcmc.last_state.i).reshape(-1)[0])
 
-    def continue_chains(
-        self, adjust: Callable[[Any], Any], num_draws: int, spacing: int
-    ) -> diagnostics._Continuation:
+    def continue_chains(self, adjust: Callable[[Any], Any], num_draws: int, spacing: int) -> _run_view.Continuation:
         """``num_draws`` more draws of every chain from ``adjust`` of its final state, ``spacing`` times as many
         steps apart as the run's kept draws, by a new ``MCMC`` of the same kernel, chains and chain method
         (thinning ``spacing`` times the run's)."""
@@ -269,23 +267,23 @@ class RunView:
         )
         continued.post_warmup_state = state
         continued.run(state.rng_key, *mcmc._args, init_params=state.z, **mcmc._kwargs)
-        return diagnostics._Continuation(
+        return _run_view.Continuation(
             list(range(mcmc.num_chains)),
             self._latent_sites(continued.get_samples(group_by_chain=True), "the continued draws"),
             np.atleast_1d(np.asarray(mcmc.last_state.step_size)),
             np.atleast_1d(np.asarray(continued.last_state.step_size)),
         )
 
-    def pointwise(self, num_draws: int, chunk_size: int | None, fixed: bool = False) -> diagnostics._Pointwise:
+    def pointwise(self, num_draws: int, chunk_size: int | None, fixed: bool = False) -> _run_view.Pointwise:
         """The per-datum log-likelihoods of the full-data model (:func:`ppl_sgmcmc.numpyro.full_data_log_likelihood`'s
-        compiled evaluation; ``fixed``: of the model on the :func:`~ppl_sgmcmc.diagnostics.fixed_rows` of each
+        compiled evaluation; ``fixed``: of the model on the :func:`~ppl_sgmcmc._run_view.fixed_rows` of each
         subsampled plate) at ``num_draws`` draws evenly spaced over each chain, evaluated lazily ``chunk_size``
         draws at a time, with the subsampled plates and the plate of each observed site."""
         target = self.target
         assert isinstance(target, ModelTarget)  # energy_noise and the verdict refuse a potential_fn first
         plates, evaluated = dict(target.plate_sizes), None
         if fixed:  # the model as declared, its plates' indices substituted
-            indices = {name: jnp.asarray(diagnostics.fixed_rows(size, n)) for name, (size, n) in plates.items()}
+            indices = {name: jnp.asarray(_run_view.fixed_rows(size, n)) for name, (size, n) in plates.items()}
             evaluated = substitute(self.kernel.subsampled_model, data=indices)
             plates = {name: (n, n) for name, (_, n) in plates.items()}
         model = seed(substitute(self.kernel.model, substitute_fn=feasible_latent), 0)  # no prior draw
@@ -295,17 +293,17 @@ class RunView:
             for name, site in model_trace.items()
             if site["type"] == "sample" and site["is_observed"]
         }
-        sites = diagnostics._site_plates(frames, plates, self.fn)
+        sites = _run_view.site_plates(frames, plates, self.fn)
         samples = self.mcmc.get_samples(group_by_chain=True)
         chains, draws = jax.tree.leaves(samples)[0].shape[:2]
-        index = diagnostics._chain_index(draws, num_draws, self.fn)
+        index = _run_view.chain_index(draws, num_draws, self.fn)
         m = chains * len(index)
         flat = {name: value[:, index].reshape((m,) + value.shape[2:]) for name, value in samples.items()}
         evaluate = inference_data._evaluator(self.mcmc, evaluated)
         shapes = jax.eval_shape(evaluate, {name: value[:1] for name, value in flat.items()})  # no evaluation
         entries = sum(math.prod(shape.shape[1:]) for shape in shapes.values())
-        rows = diagnostics._rows_per_chunk(chunk_size, entries, m)
-        return diagnostics._Pointwise(
+        rows = _run_view.rows_per_chunk(chunk_size, entries, m)
+        return _run_view.Pointwise(
             plates, sites, target.replace, (chains, len(index)),
             inference_data._log_likelihood_chunks(evaluate, flat, rows),
         )  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyro
@@ -20,14 +20,12 @@ import torch
 from pyro.infer import MCMC
 from pyro.infer.autoguide.initialization import init_to_uniform
 
+from ppl_sgmcmc import _run_view
 from ppl_sgmcmc.checkpoint import ChainState
 from ppl_sgmcmc.pyro import inference_data
 from ppl_sgmcmc.pyro.handlers import as_tensors, subsample_plates
 from ppl_sgmcmc.pyro.kernel import SGMCMCKernel
 from ppl_sgmcmc.pyro.potential import ModelTarget, PotentialTarget
-
-if TYPE_CHECKING:  # imported where a diagnostic runs: ppl_sgmcmc.diagnostics imports JAX, which a Pyro run does not need
-    from ppl_sgmcmc import diagnostics
 
 __all__ = ["RunView", "full_data_score"]
 
@@ -47,10 +45,8 @@ def _score_target(
     kernel: SGMCMCKernel, model_args: tuple, model_kwargs: Mapping[str, Any], fn: str
 ) -> ModelTarget | PotentialTarget:
     """The kernel's potential, in unconstrained coordinates (also for a kernel that moves constrained ones)."""
-    from ppl_sgmcmc import diagnostics
-
-    diagnostics._check_kernel(kernel, SGMCMCKernel, fn)
-    diagnostics._check_scores_available(kernel, fn)
+    _run_view.check_kernel(kernel, SGMCMCKernel, fn)
+    _run_view.check_scores_available(kernel, fn)
     if kernel._model is None:
         assert kernel._potential_fn is not None  # a kernel has exactly one of the two
         return PotentialTarget(kernel._potential_fn, kernel.name)
@@ -165,12 +161,10 @@ class RunView:
     """
 
     def __init__(self, mcmc: MCMC, fn: str) -> None:
-        from ppl_sgmcmc import diagnostics
-
         kernel = mcmc.kernel
-        diagnostics._check_kernel(kernel, SGMCMCKernel, fn)
+        _run_view.check_kernel(kernel, SGMCMCKernel, fn)
         if mcmc._samples is None:
-            raise ValueError(diagnostics._no_draws(fn))
+            raise ValueError(_run_view.no_draws(fn))
         self.mcmc, self.kernel, self.fn = mcmc, kernel, fn
         self.model_args, self.model_kwargs = as_tensors(tuple(mcmc._args)), as_tensors(dict(mcmc._kwargs))
         self._target: ModelTarget | PotentialTarget | None = None
@@ -274,14 +268,10 @@ class RunView:
         """The step counter of the last chain's final state."""
         return int(self._final_required().state.i)
 
-    def continue_chains(
-        self, adjust: Callable[[Any], Any], num_draws: int, spacing: int
-    ) -> diagnostics._Continuation:
+    def continue_chains(self, adjust: Callable[[Any], Any], num_draws: int, spacing: int) -> _run_view.Continuation:
         """``num_draws`` more draws of the last chain from ``adjust`` of its final state, ``spacing`` times as
         many steps apart as the run's (every ``spacing``-th draw kept), by a new ``MCMC`` of the same kernel
         that resumes it (the caller restores the kernel)."""
-        from ppl_sgmcmc import diagnostics
-
         last = self._final_required()
         self.kernel.resume_from = last._replace(state=adjust(last.state))
         continued = MCMC(self.kernel, num_samples=num_draws * spacing, warmup_steps=0, disable_progbar=True)
@@ -289,26 +279,24 @@ class RunView:
             continued.run(*self.mcmc._args, **self.mcmc._kwargs)
         samples = continued.get_samples(group_by_chain=True)
         draws = {name: value[:, spacing - 1 :: spacing] for name, value in samples.items()}
-        return diagnostics._Continuation(
+        return _run_view.Continuation(
             [self.mcmc.num_chains - 1],
             self._sites(draws, sorted(last.state.z), "the continued draws"),
             np.array([float(last.state.step_size)]),
             np.array([float(self.kernel.last_state.state.step_size)]),
         )
 
-    def pointwise(self, num_draws: int, chunk_size: int | None, fixed: bool = False) -> diagnostics._Pointwise:
+    def pointwise(self, num_draws: int, chunk_size: int | None, fixed: bool = False) -> _run_view.Pointwise:
         """The per-datum log-likelihoods of the full-data model (:func:`ppl_sgmcmc.pyro.full_data_log_likelihood`'s
         batched evaluation; ``fixed``: of the model on the :func:`~ppl_sgmcmc.diagnostics.fixed_rows` of each
         subsampled plate) at ``num_draws`` draws evenly spaced over each chain (of every chain the run holds),
         evaluated lazily ``chunk_size`` draws at a time, with the subsampled plates and the plate of each observed
         site."""
-        from ppl_sgmcmc import diagnostics
-
         target = self.target
         assert isinstance(target, ModelTarget)  # energy_noise and the verdict refuse a potential_fn first
         sizes, model = dict(target.plate_sizes), self.kernel.model
         if fixed:  # the model as declared, its plates' indices given
-            indices = {name: torch.as_tensor(diagnostics.fixed_rows(size, n)) for name, (size, n) in sizes.items()}
+            indices = {name: torch.as_tensor(_run_view.fixed_rows(size, n)) for name, (size, n) in sizes.items()}
             declared = self.kernel.subsampled_model
 
             def model(*args: Any, **kwargs: Any) -> Any:
@@ -317,15 +305,15 @@ class RunView:
 
             sizes = {name: (n, n) for name, (_, n) in sizes.items()}
         sites = inference_data._sites(self.mcmc, model)
-        plates = diagnostics._site_plates(sites.plates, sizes, self.fn)
+        plates = _run_view.site_plates(sites.plates, sizes, self.fn)
         samples = self.mcmc.get_samples(group_by_chain=True)  # deterministic sites too, as full_data_log_likelihood
         chains, draws = next(iter(samples.values())).shape[:2]
-        index = torch.as_tensor(diagnostics._chain_index(draws, num_draws, self.fn))
+        index = torch.as_tensor(_run_view.chain_index(draws, num_draws, self.fn))
         m = chains * len(index)
         flat = {name: value[:, index].reshape((m,) + value.shape[2:]) for name, value in samples.items()}
         entries = sum(math.prod(shape) for shape, _ in sites.observed.values())
-        rows = diagnostics._rows_per_chunk(chunk_size, entries, m)
-        return diagnostics._Pointwise(
+        rows = _run_view.rows_per_chunk(chunk_size, entries, m)
+        return _run_view.Pointwise(
             sizes, plates, target.replace, (chains, len(index)),
             inference_data._log_likelihood_chunks(self.mcmc, flat, sites.observed, rows, model),
         )  # fmt: skip
