@@ -86,18 +86,19 @@ def test_interrupted_run_resumes_bit_for_bit_with_vectorized_chains(logistic_dat
 def test_a_chain_continues_only_with_its_kind_of_gradient_estimator(logistic_data, tmp_path):
     """A chain saved with the minibatch gradient does not continue with SVRG's, nor the other way round (their
     estimators' states differ): a clear error naming the option, before anything runs; with the run's `gradient`
-    it continues."""
+    it continues. The run's 40 draws in two chunks (each compiles its loop), the fewest with a chunk after the
+    interruption."""
     for saved, other in (("minibatch", "svrg"), ("svrg", "minibatch")):
         make = lambda gradient: MCMC(SGLD(logistic_model, step_size=1e-3, gradient=gradient), **OPTIONS)  # noqa: E731
         directory = tmp_path / saved
         mcmc = make(saved)
         interrupt_after(mcmc, 1)
         with pytest.raises(KeyboardInterrupt):
-            checkpoint.run(mcmc, jax.random.PRNGKey(0), *logistic_data, checkpoint=directory, checkpoint_every=10)
+            checkpoint.run(mcmc, jax.random.PRNGKey(0), *logistic_data, checkpoint=directory, checkpoint_every=20)
         with pytest.raises(ValueError, match=f"took its gradients with .*takes them with '{other}'.*`gradient`"):
             checkpoint.run(make(other), jax.random.PRNGKey(0), *logistic_data, checkpoint=directory,
-                           checkpoint_every=10)  # fmt: skip
-        checkpoint.run(make(saved), jax.random.PRNGKey(0), *logistic_data, checkpoint=directory, checkpoint_every=10)
+                           checkpoint_every=20)  # fmt: skip
+        checkpoint.run(make(saved), jax.random.PRNGKey(0), *logistic_data, checkpoint=directory, checkpoint_every=20)
         assert checkpoint.load(directory).posterior["w"].shape == (1, 40, 2)
 
 

@@ -673,18 +673,20 @@ def test_tuned_step_size_goes_back_with_its_preconditioner(logistic_data):
     """The recorded step size is one in the adapted preconditioner's coordinates: a new kernel takes it with the
     preconditioner (`tuned_options`) and continues the tuned chain as the tuned kernel does, draw for draw; a fresh
     chain of it samples the posterior with no warm-up to adapt."""
-    tuned = SGLD(logistic_model)
+    # every kernel runs the model eagerly (EAGER): what is checked is what the options carry, and the eager step
+    # draws what the compiled one draws (`test_compile.py`, whose tuned SGHMC row takes the warm-up's preconditioner)
+    tuned = SGLD(logistic_model, **EAGER)
     reference = _run(tuned, *logistic_data, warmup_steps=300, num_samples=300).get_samples()["w"]
     state = tuned.last_state
     options = tuned.tuned_options(state)
     assert options["step_size"] == pytest.approx(tuned.diagnostics()["step_size"][-1])
-    again = SGLD(logistic_model, **options)
+    again = SGLD(logistic_model, **options, **EAGER)
     assert not again.adapts
     draws = []
     for kernel in (tuned, again):
         kernel.resume_from = state
         draws.append(_run(kernel, *logistic_data, warmup_steps=0, num_samples=30).get_samples()["w"])
     torch.testing.assert_close(draws[0], draws[1])
-    fresh = _run(SGLD(logistic_model, **options), *logistic_data, warmup_steps=100, num_samples=300,
+    fresh = _run(SGLD(logistic_model, **options, **EAGER), *logistic_data, warmup_steps=100, num_samples=300,
                  initial_params=dict(state.state.z)).get_samples()["w"]  # fmt: skip
     torch.testing.assert_close(fresh.mean(0), reference.mean(0), atol=0.3, rtol=0)

@@ -21,9 +21,11 @@ on_mcmc = pytest.mark.xdist_group("pyro_inference_data_mcmc")
 @pytest.fixture(scope="module")
 def mcmc(logistic_data):
     pyro.set_rng_seed(0)
+    # the eager potential (no compiled graph of the model or the step): what the tests check is the conversion of
+    # the run, and the eager step draws what the compiled one draws (`test_compile.py`)
+    kernel = SGNHT(logistic_model, step_size=1e-2, steps_per_sample=2, compile_potential=False)
     with pytest.warns(UserWarning, match="sequentially"):  # 2 chains on 2 cores: Pyro keeps one for itself
-        mcmc = MCMC(SGNHT(logistic_model, step_size=1e-2, steps_per_sample=2), warmup_steps=100, num_samples=100,
-                    num_chains=2, disable_progbar=True)  # fmt: skip
+        mcmc = MCMC(kernel, warmup_steps=100, num_samples=100, num_chains=2, disable_progbar=True)
     mcmc.run(*logistic_data)
     return mcmc
 

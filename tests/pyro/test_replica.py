@@ -22,6 +22,10 @@ from ppl_sgmcmc.pyro import ReSGHMC, ReSGLD, sample_stats, to_inference_data
 from tests.helpers import K_SIGMA, mean_and_mcse
 
 LEFT = 0.3 * scipy.stats.norm.cdf(4) + 0.7 * scipy.stats.norm.cdf(-4)  # exact P(x < 0)
+# the chains run eagerly: the replica-exchange kernels' steps are not compiled, and with `compile_potential` a chain
+# would compile its gradient and its noise summary for seconds of Inductor compiling, which no test here is about
+# (`test_compile.py` checks the compiled graphs against the eager ones)
+EAGER = dict(compile_potential=False)
 
 
 def mixture(z):
@@ -39,7 +43,8 @@ def run(kernel, warmup_steps, num_samples, seed=0):
 
 @pytest.mark.parametrize("kernel", [ReSGLD, pytest.param(ReSGHMC, marks=pytest.mark.slow)])
 def test_one_chain_crosses_and_weighs_the_modes(kernel):
-    mcmc = run(kernel(potential_fn=mixture, step_size=0.2, temperatures=(1.0, 10.0), steps_per_sample=2), 100, 1500)
+    mcmc = run(kernel(potential_fn=mixture, step_size=0.2, temperatures=(1.0, 10.0), steps_per_sample=2, **EAGER),
+               100, 1500)  # fmt: skip
     x = mcmc.get_samples()["x"].numpy()
     left, mcse = mean_and_mcse((x < 0).astype(float)[None])
     assert int(np.sum(np.diff(np.sign(x)) != 0)) > 20
@@ -48,7 +53,7 @@ def test_one_chain_crosses_and_weighs_the_modes(kernel):
 
 
 def test_swap_statistics_and_same_seed_same_samples():
-    kernel = ReSGLD(potential_fn=mixture, step_size=0.1, temperatures=(1.0, 4.0, 16.0))
+    kernel = ReSGLD(potential_fn=mixture, step_size=0.1, temperatures=(1.0, 4.0, 16.0), **EAGER)
     first, second = (run(kernel, 20, 100, seed=3) for _ in range(2))
     torch.testing.assert_close(first.get_samples()["x"], second.get_samples()["x"], rtol=0, atol=0)
     stats = sample_stats(first)
@@ -73,7 +78,7 @@ def test_anchors_hold_the_full_data_energy_at_their_points():
     the preconditioned coordinates), and ``ŝ²`` along the offsets from the anchors is below the plain estimate's."""
     y = torch.as_tensor(np.random.default_rng(0).normal(1.5, 1.0, N), dtype=torch.float32)
     pyro.set_rng_seed(2)
-    kernel = ReSGLD(normal_mean, temperatures=(1.0, 50.0), anchor_every=N // BATCH)
+    kernel = ReSGLD(normal_mean, temperatures=(1.0, 50.0), anchor_every=N // BATCH, **EAGER)
     mcmc = MCMC(kernel, warmup_steps=200, num_samples=100, disable_progbar=True)
     mcmc.run(y)
     state = kernel.last_state.state
@@ -92,11 +97,11 @@ def test_anchors_hold_the_full_data_energy_at_their_points():
 def test_tuned_options_carry_the_adapted_ladder():
     """``tuned_options`` returns the ladder the warm-up adapted as ``temperatures``: a kernel built with them runs
     without a warm-up at the run's temperatures."""
-    kernel = ReSGLD(potential_fn=mixture, num_replicas=3)
+    kernel = ReSGLD(potential_fn=mixture, num_replicas=3, **EAGER)
     run(kernel, 300, 20)
     options = kernel.tuned_options(kernel.last_state)
     ladder = kernel.last_state.state.rule_state.ladder.tolist()
     assert options["temperatures"] == pytest.approx(ladder) and options["temperatures"][0] == 1.0
-    again = ReSGLD(potential_fn=mixture, **options)
+    again = ReSGLD(potential_fn=mixture, **options, **EAGER)
     run(again, 0, 20)
     assert again.last_state.state.rule_state.ladder.tolist() == pytest.approx(ladder)
