@@ -63,6 +63,10 @@ class PyroDiagonalSGLD(DiagonalSGLD, pyro_backend.SGMCMCKernel):
     pass
 
 
+# the Pyro chains here run their potential eagerly: with `compile_potential` a kernel compiles its noise estimate's
+# update and summary (seconds of Inductor compiling), which these tests are not about; the eager step draws the same
+# values (`tests/pyro/test_compile.py` checks the compiled graphs against the eager ones)
+PYRO_EAGER = dict(compile_potential=False)
 VARIANCES = np.array([4.0, 0.25])  # a diagonal Gaussian whose scales differ by 4x
 STEP = 0.01  # with m = Σ each coordinate moves by h m λ = 0.01 per step
 
@@ -98,7 +102,7 @@ def test_worked_example_pyro():
     variances = torch.as_tensor(VARIANCES, dtype=torch.float32)
     kernel = PyroDiagonalSGLD(
         potential_fn=lambda z: 0.5 * (z["x"] ** 2 / variances).sum(), step_size=STEP, mass=VARIANCES,
-        steps_per_sample=10,
+        steps_per_sample=10, **PYRO_EAGER,
     )  # fmt: skip
     mcmc = pyro.infer.MCMC(
         kernel, warmup_steps=100, num_samples=3000, initial_params={"x": torch.zeros(2)}, disable_progbar=True
@@ -186,7 +190,8 @@ def test_a_preconditioned_step_moves_the_position_by_its_increment(backend):
 
     L = np.array([[2.0, 0.0], [1.0, 0.5]], np.float32)
     pre = Preconditioner(L, np.linalg.inv(L) * np.float32(1.001))
-    kernel = backend.SGNHT(potential_fn=(lambda z: 0.5 * (z["x"] ** 2).sum()), step_size=1e-9, inverse_mass_matrix=pre)
+    kernel = backend.SGNHT(potential_fn=(lambda z: 0.5 * (z["x"] ** 2).sum()), step_size=1e-9, inverse_mass_matrix=pre,
+                           **({} if backend is np_backend else PYRO_EAGER))  # fmt: skip
     if backend is np_backend:
         mcmc = MCMC(kernel, num_warmup=0, num_samples=1000, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.array([1.0, -1.0])})

@@ -14,7 +14,13 @@ from ppl_sgmcmc import checkpoint
 from ppl_sgmcmc.pyro import CSGLD, SGLD, SGNHT, to_inference_data
 from tests.pyro.models import logistic_model
 
-SGNHT_NO_REPLACE = lambda: SGNHT(logistic_model, step_size=1e-2, replace=False)  # noqa: E731
+SGNHT_NO_REPLACE = lambda **options: SGNHT(logistic_model, step_size=1e-2, replace=False, **options)  # noqa: E731
+# the runs run the model (or potential) eagerly where the compiled step is not what they check (the checkpoint's files,
+# its checks, a continuation on a potential): with `compile_potential` a kernel compiles its gradient, step and noise
+# estimate's graphs, seconds of Inductor compiling each, and the eager step draws the same values (`test_compile.py`
+# checks the compiled steps against the eager ones). `test_continuation_equals_one_run` keeps the compiled step: a
+# continuation must give the one run's draws bit for bit through it too
+EAGER = dict(compile_potential=False)
 
 
 def run(kernel, data, warmup_steps, num_samples, seed=0):
@@ -76,7 +82,7 @@ def test_continuation_keeps_the_chains_warmup_windows():
     (an "auto" grid needs a warm-up) and its grid and θ: the same draws and weights as one run."""
 
     def make():
-        return CSGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.05, num_partitions=10)
+        return CSGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.05, num_partitions=10, **EAGER)
 
     def csgld_run(kernel, warmup_steps, num_samples):
         pyro.set_rng_seed(0)
@@ -104,14 +110,14 @@ def test_continuation_keeps_the_chains_warmup_windows():
 def test_checkpointed_run_interrupted_then_resumed(logistic_data, tmp_path):
     """4 chunks of 10 draws, Ctrl-C during the third; a new kernel and ``MCMC`` call ``run`` again (another
     global seed): the draws, divergences and ``num_diverging`` of one run, readable by ArviZ."""
-    whole = run(SGNHT_NO_REPLACE(), logistic_data, warmup_steps=10, num_samples=40)
+    whole = run(SGNHT_NO_REPLACE(**EAGER), logistic_data, warmup_steps=10, num_samples=40)
 
     def interrupt(kernel, params, stage, i):
         if stage == "Sample" and i == 5 and kernel.last_state is not None and kernel.last_state.state.i == 30:
             raise KeyboardInterrupt  # in the middle of the third chunk
 
     pyro.set_rng_seed(0)
-    mcmc = MCMC(SGNHT_NO_REPLACE(), warmup_steps=10, num_samples=40, hook_fn=interrupt, disable_progbar=True)
+    mcmc = MCMC(SGNHT_NO_REPLACE(**EAGER), warmup_steps=10, num_samples=40, hook_fn=interrupt, disable_progbar=True)
     with pytest.raises(KeyboardInterrupt):
         checkpoint.run(mcmc, *logistic_data, checkpoint=tmp_path, checkpoint_every=10)
     idata = checkpoint.load(tmp_path)
@@ -120,7 +126,7 @@ def test_checkpointed_run_interrupted_then_resumed(logistic_data, tmp_path):
     assert mcmc.num_samples == 40 and mcmc.warmup_steps == 10 and mcmc.kernel.resume_from is None
 
     pyro.set_rng_seed(99)
-    resumed = MCMC(SGNHT_NO_REPLACE(), warmup_steps=10, num_samples=40, disable_progbar=True)
+    resumed = MCMC(SGNHT_NO_REPLACE(**EAGER), warmup_steps=10, num_samples=40, disable_progbar=True)
     checkpoint.run(resumed, *logistic_data, checkpoint=tmp_path, checkpoint_every=10)
     a, b = resumed.get_samples(group_by_chain=True), whole.get_samples(group_by_chain=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -133,7 +139,7 @@ def test_checkpointed_run_interrupted_then_resumed(logistic_data, tmp_path):
 
 def test_checkpoint_checks_its_run(logistic_data, tmp_path):
     pyro.set_rng_seed(0)
-    kernel = SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1)
+    kernel = SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1, **EAGER)
     mcmc = MCMC(kernel, warmup_steps=5, num_samples=10, initial_params={"x": torch.ones(2)}, disable_progbar=True)
     checkpoint.run(mcmc, checkpoint=tmp_path, checkpoint_every=4)
     other = MCMC(kernel, warmup_steps=6, num_samples=10, initial_params={"x": torch.ones(2)}, disable_progbar=True)
@@ -165,7 +171,7 @@ def test_a_chain_continues_only_with_its_kind_of_gradient_estimator(logistic_dat
 
 
 def test_last_state_survives_cleanup_and_pickling():
-    kernel = SGNHT(potential_fn=energy, step_size=0.1)
+    kernel = SGNHT(potential_fn=energy, step_size=0.1, **EAGER)
     kernel.initial_params = {"x": torch.ones(2)}
     kernel.setup(warmup_steps=0)
     for _ in range(3):
@@ -180,7 +186,7 @@ def test_last_state_survives_cleanup_and_pickling():
 def small_run(num_samples, directory, seed=0, **options):
     """A checkpointed SGNHT chain on a potential (5 warm-up steps); its ``MCMC``."""
     pyro.set_rng_seed(seed)
-    kernel = SGNHT(potential_fn=energy, step_size=0.1)
+    kernel = SGNHT(potential_fn=energy, step_size=0.1, **EAGER)
     mcmc = MCMC(kernel, warmup_steps=5, num_samples=num_samples, initial_params={"x": torch.ones(2)},
                 disable_progbar=True)  # fmt: skip
     checkpoint.run(mcmc, checkpoint=directory, checkpoint_every=10, **options)
@@ -212,7 +218,7 @@ def test_an_old_pickle_checkpoint_is_read_with_the_opt_in_and_a_warning(tmp_path
     """A format-1 checkpoint (``state.pkl``) of 20 draws continues to the draws and final state of one run of
     40 with ``allow_pickle=True``, with a warning, and is rewritten in the current format."""
     pyro.set_rng_seed(0)
-    whole_kernel = SGNHT(potential_fn=energy, step_size=0.1)
+    whole_kernel = SGNHT(potential_fn=energy, step_size=0.1, **EAGER)
     whole = MCMC(whole_kernel, warmup_steps=5, num_samples=40, initial_params={"x": torch.ones(2)},
                  disable_progbar=True)  # fmt: skip
     whole.run()
@@ -274,7 +280,7 @@ def test_resuming_with_other_data_is_refused(logistic_data, tmp_path, monkeypatc
 
     def checkpointed(data, num_samples, **options):
         pyro.set_rng_seed(0)
-        mcmc = MCMC(SGLD(logistic_model, step_size=1e-3), warmup_steps=5, num_samples=num_samples,
+        mcmc = MCMC(SGLD(logistic_model, step_size=1e-3, **EAGER), warmup_steps=5, num_samples=num_samples,
                     disable_progbar=True)  # fmt: skip
         checkpoint.run(mcmc, *data, checkpoint=tmp_path, checkpoint_every=10, **options)
         return mcmc

@@ -15,13 +15,20 @@ from ppl_sgmcmc.pyro.inference_data import sample_stats
 from tests.cyclical_prediction import predicted_cov
 from tests.helpers import assert_mc_close, assert_small_bias, cov_and_mcse, mean_and_mcse
 
+# the short runs run the model (or potential) eagerly: a cyclical step size is a schedule, so the step itself is never
+# compiled, and with `compile_potential` a kernel would still compile its gradient and noise estimate's graphs
+# (seconds of Inductor compiling each), which these tests are not about; the eager step gives the same draws
+# (`test_compile.py` checks the compiled graphs against the eager ones). The conjugate test's 4500 steps keep the
+# compiled gradient: run eagerly they took longer than its compiling
+EAGER = dict(compile_potential=False)
+
 
 @pytest.mark.slow
 def test_exploration_is_gradient_descent_and_only_sampling_draws_are_kept():
     # U = |x|²/2: an exploring SGLD step is x ← (1 - h_i) x exactly; a sampling step adds sqrt(2 h_i) ζ
     pyro.set_rng_seed(0)
     kernel = SGLD(potential_fn=lambda z: 0.5 * (z["x"] ** 2).sum(), step_size=0.1, cycle_length=10,
-                  exploration_fraction=0.4)  # fmt: skip
+                  exploration_fraction=0.4, **EAGER)  # fmt: skip
     mcmc = MCMC(kernel, warmup_steps=5, num_samples=30, initial_params={"x": torch.ones(3)}, disable_progbar=True)
     with pytest.warns(UserWarning, match="exploration stage"):
         mcmc.run()
@@ -48,7 +55,7 @@ def test_arviz_from_a_model_keeps_the_sampling_draws_and_their_log_likelihood():
             pyro.sample("y", dist.Normal(mu, 1.0), obs=pyro.subsample(y, event_dim=0))
 
     pyro.set_rng_seed(1)
-    mcmc = MCMC(SGLD(model, step_size=1e-2, cycle_length=8), warmup_steps=8, num_samples=32, disable_progbar=True)
+    mcmc = MCMC(SGLD(model, step_size=1e-2, cycle_length=8, **EAGER), warmup_steps=8, num_samples=32, disable_progbar=True)
     with pytest.warns(UserWarning, match="to_inference_data"):
         mcmc.run(torch.zeros(20))
     idata = to_inference_data(mcmc, chunk_size=7)
