@@ -55,6 +55,10 @@ def quiet(run):
 
 
 VERDICT = "(ppl_sgmcmc.verdict;"
+# the Pyro chains on a `potential_fn` run it eagerly: with `compile_potential` a kernel compiles its noise estimate's
+# update and summary (seconds of Inductor compiling), which the health checks are not about; the eager step draws the
+# same values (`tests/pyro/test_compile.py` checks the compiled graphs against the eager ones)
+EAGER = dict(compile_potential=False)
 
 
 # --- a step into an undefined region is undone ----------------------------------------------------------
@@ -73,10 +77,7 @@ def test_undefined_region_is_rolled_back_numpyro():
 def test_undefined_region_is_rolled_back_pyro():
     """As NumPyro's, in 1000 steps (Pyro's steps on a ``potential_fn`` run eagerly, about 1 ms each): the chain first
     steps into a < 0 within 20 steps, and 3 such steps are undone in the 1000 (6 in 2000)."""
-    # the potential runs eagerly (`compile_potential=False`): with it the kernel compiles its noise estimate's graphs
-    # (seconds of Inductor compiling), which the rollback is not about; the eager step draws the same values
-    # (`tests/pyro/test_compile.py` checks the compiled graphs against the eager ones)
-    kernel = pyro_backend.SGLD(potential_fn=log_energy_torch, step_size=1e-2, compile_potential=False)
+    kernel = pyro_backend.SGLD(potential_fn=log_energy_torch, step_size=1e-2, **EAGER)
     mcmc = run_pyro(kernel, 1000, {"a": torch.tensor(np.exp(-1.0), dtype=torch.float32)})
     a = mcmc.get_samples()["a"].numpy()
     assert kernel.diagnostics()["num_diverging"] > 0
@@ -140,12 +141,10 @@ def test_progress_bar_reports():
 
 
 def test_warnings_pyro():
-    # eager steps, as in `test_undefined_region_is_rolled_back_pyro`: the warnings are not about the compiled graphs
-    kernel = pyro_backend.SGLD(potential_fn=normal_energy_torch, step_size=lambda t: 0.1 - 1e-3 * t,
-                               compile_potential=False)  # fmt: skip
+    kernel = pyro_backend.SGLD(potential_fn=normal_energy_torch, step_size=lambda t: 0.1 - 1e-3 * t, **EAGER)
     _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
     check_messages(messages, STEP_SIZE)
-    kernel = pyro_backend.SGLD(potential_fn=storm_torch, step_size=0.1, compile_potential=False)
+    kernel = pyro_backend.SGLD(potential_fn=storm_torch, step_size=0.1, **EAGER)
     _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
     assert len(messages) == 1 and REJECTIONS in messages[0], messages
 
@@ -166,7 +165,7 @@ def test_a_failure_late_in_a_run_is_reported():
         check_messages(messages, STEP_SIZE)
     # Pyro checks at powers of two: the last in-run check of a 300-step run is at 256 (its steps on a `potential_fn`
     # run eagerly, about 1 ms each)
-    kernel = pyro_backend.SGLD(potential_fn=normal_energy_torch, step_size=lambda t: 0.1 if t < 295 else -0.1)
+    kernel = pyro_backend.SGLD(potential_fn=normal_energy_torch, step_size=lambda t: 0.1 if t < 295 else -0.1, **EAGER)
     _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
     check_messages(messages, STEP_SIZE)
 
@@ -176,7 +175,7 @@ def test_runaway_warning():
     kernel = np_backend.SGLD(potential_fn=lambda z: -1e7 * jnp.sum(z["x"]), step_size=1.0)
     _, messages = quiet(lambda: run_numpyro(kernel, num_samples=50, init={"x": jnp.zeros(2)}))
     assert len(messages) == 1 and "diverging" in messages[0]
-    kernel = pyro_backend.SGLD(potential_fn=lambda z: -1e7 * z["x"].sum(), step_size=1.0)
+    kernel = pyro_backend.SGLD(potential_fn=lambda z: -1e7 * z["x"].sum(), step_size=1.0, **EAGER)
     _, messages = quiet(lambda: run_pyro(kernel, 50, {"x": torch.zeros(2)}))
     assert len(messages) == 1 and "diverging" in messages[0]
 
@@ -189,7 +188,7 @@ def test_csgld_energy_statistics_are_not_a_runaway():
     _, messages = quiet(lambda: run_numpyro(kernel, init={"x": jnp.ones(2)}))
     assert messages == []
     kernel = pyro_backend.CSGLD(potential_fn=lambda z: 1e9 + normal_energy_torch(z), step_size=0.1, energy_min=1e9,
-                                energy_gap=1.0)  # fmt: skip
+                                energy_gap=1.0, **EAGER)  # fmt: skip
     _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
     assert messages == []
 
@@ -200,7 +199,7 @@ def test_frozen_chain_warning():
     kernel = np_backend.SGLD(potential_fn=normal_energy_jax, step_size=1e-30)
     _, messages = quiet(lambda: run_numpyro(kernel, init={"x": jnp.ones(2)}))
     assert len(messages) == 1 and "has not moved in the 128 steps before step 256" in messages[0], messages
-    kernel = pyro_backend.SGLD(potential_fn=normal_energy_torch, step_size=1e-30)
+    kernel = pyro_backend.SGLD(potential_fn=normal_energy_torch, step_size=1e-30, **EAGER)
     _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
     assert len(messages) == 1 and "has not moved" in messages[0], messages
 
@@ -213,7 +212,7 @@ def test_healthy_runs_are_silent():
     mcmc = MCMC(kernel, num_warmup=0, num_samples=300, num_chains=3, chain_method="vectorized", progress_bar=False)
     _, messages = quiet(lambda: mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.ones((3, 2))}))
     assert messages == []
-    kernel = pyro_backend.SGNHT(potential_fn=normal_energy_torch, step_size=0.1)
+    kernel = pyro_backend.SGNHT(potential_fn=normal_energy_torch, step_size=0.1, **EAGER)
     _, messages = quiet(lambda: run_pyro(kernel, 300, {"x": torch.ones(2)}))
     assert messages == []
 
