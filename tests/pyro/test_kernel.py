@@ -111,7 +111,7 @@ def test_parallel_chains_in_worker_processes(logistic_data, monkeypatch):
 
 
 @on_runs
-@pytest.mark.parametrize("i", [0, 3], ids=["SGLD", "PSGLD"])
+@pytest.mark.parametrize("i", COMPILED_RUNS, ids=["SGLD", "PSGLD"])
 def test_same_seed_same_samples(i, runs, logistic_data):
     a = runs(i).get_samples()["w"]
     b = run(KERNELS[i](), logistic_data, seed=0).get_samples()["w"]
@@ -131,7 +131,7 @@ def test_steps_per_sample_keeps_every_kth_step(runs, logistic_data):
 @on_runs
 def test_traced_potential_matches_eager_model(runs, logistic_data):
     """The traced graph replays what the model computes: the same chain, step for step."""
-    for i in (0, 3):  # PSGLD also uses the per-datum score
+    for i in COMPILED_RUNS:  # SGLD and PSGLD, which also uses the per-datum score
         traced = runs(i).get_samples()
         eager = run(KERNELS[i](compile_potential=False), logistic_data).get_samples()
         for name in traced:
